@@ -1,0 +1,210 @@
+/*
+ * core/validate.cpp — URL, header and secret checks (see validate.hpp).
+ *
+ * Written as byte scanners on purpose: they run inside triggers on every
+ * INSERT into outbox.messages, so they must be cheap, and they must not
+ * allocate or throw (their callers sit in PostgreSQL frames).
+ */
+#include "core/validate.hpp"
+
+#include <cstring>
+
+namespace od {
+namespace {
+
+inline char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool iequals(const char *a, std::size_t alen, const char *lit) {
+    std::size_t n = std::strlen(lit);
+    if (alen != n) return false;
+    for (std::size_t i = 0; i < n; i++)
+        if (lower(a[i]) != lit[i]) return false;
+    return true;
+}
+
+bool istarts(const char *a, std::size_t alen, const char *lit) {
+    std::size_t n = std::strlen(lit);
+    if (alen < n) return false;
+    for (std::size_t i = 0; i < n; i++)
+        if (lower(a[i]) != lit[i]) return false;
+    return true;
+}
+
+bool is_tchar(unsigned char c) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+    return std::strchr("!#$%&'*+-.^_`|~", c) != nullptr && c != '\0';
+}
+
+bool is_hostchar(unsigned char c) {
+    /* unreserved / sub-delims / pct-encoded of RFC 3986 reg-name */
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+    return c != '\0' && std::strchr("-._~%!$&'()*+,;=", c) != nullptr;
+}
+
+int b64_value(unsigned char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+const char *check_ipv6_literal(const char *p, std::size_t n) {
+    /* contents between the brackets: hex digits, ':' and '.' (embedded IPv4) */
+    if (n < 2) return "has an empty IPv6 address";
+    std::size_t colons = 0;
+    for (std::size_t i = 0; i < n; i++) {
+        unsigned char c = static_cast<unsigned char>(p[i]);
+        bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+        if (c == ':') colons++;
+        else if (!hex && c != '.') return "has an invalid IPv6 address";
+    }
+    if (colons < 2) return "has an invalid IPv6 address";
+    return nullptr;
+}
+
+}  // namespace
+
+const char *check_url(const char *url, std::size_t len) {
+    if (url == nullptr || len == 0) return "is empty";
+    if (len > kMaxUrlLength) return "is longer than 2048 bytes";
+    for (std::size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(url[i]);
+        if (c <= 0x20 || c == 0x7f) return "contains whitespace or a control character";
+        if (c >= 0x80) return "contains a non-ASCII byte (percent-encode it)";
+    }
+    std::size_t pos;
+    if (istarts(url, len, "http://")) pos = 7;
+    else if (istarts(url, len, "https://")) pos = 8;
+    else return "must start with http:// or https://";
+
+    /* authority runs to the first '/', '?' or '#' */
+    std::size_t end = pos;
+    while (end < len && url[end] != '/' && url[end] != '?' && url[end] != '#') end++;
+    if (std::memchr(url + pos, '@', end - pos) != nullptr)
+        return "must not contain user information (put credentials in the endpoint's headers)";
+    if (std::memchr(url, '#', len) != nullptr) return "must not contain a fragment";
+    if (end == pos) return "has no host";
+
+    const char *host = url + pos;
+    std::size_t hostlen;
+    std::size_t port_at;
+    if (host[0] == '[') {
+        const char *close = static_cast<const char *>(std::memchr(host, ']', end - pos));
+        if (close == nullptr) return "has an unterminated IPv6 address";
+        const char *err = check_ipv6_literal(host + 1, static_cast<std::size_t>(close - host - 1));
+        if (err) return err;
+        hostlen = static_cast<std::size_t>(close - host) + 1;
+        port_at = pos + hostlen;
+        if (port_at < end && url[port_at] != ':') return "has characters after the IPv6 address";
+    } else {
+        const char *colon = static_cast<const char *>(std::memchr(host, ':', end - pos));
+        hostlen = colon ? static_cast<std::size_t>(colon - host) : end - pos;
+        port_at = pos + hostlen;
+        if (hostlen == 0) return "has no host";
+        if (hostlen > 253) return "has a host name longer than 253 bytes";
+        for (std::size_t i = 0; i < hostlen; i++)
+            if (!is_hostchar(static_cast<unsigned char>(host[i]))) return "has an invalid character in its host";
+    }
+    if (port_at < end) {
+        /* url[port_at] == ':' */
+        std::size_t digits = end - port_at - 1;
+        if (digits == 0) return "has an empty port";
+        if (digits > 5) return "has a port outside 1-65535";
+        long port = 0;
+        for (std::size_t i = port_at + 1; i < end; i++) {
+            if (url[i] < '0' || url[i] > '9') return "has a non-numeric port";
+            port = port * 10 + (url[i] - '0');
+        }
+        if (port < 1 || port > 65535) return "has a port outside 1-65535";
+    }
+    return nullptr;
+}
+
+bool url_is_https(const char *url, std::size_t len) { return istarts(url, len, "https://"); }
+
+const char *check_header_name(const char *name, std::size_t len) {
+    if (name == nullptr || len == 0) return "is empty";
+    if (len > 256) return "is longer than 256 bytes";
+    for (std::size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(name[i]);
+        if (c == '\r' || c == '\n') return "contains a carriage return or line feed";
+        if (!is_tchar(c)) return "contains a character not allowed in an HTTP header name";
+    }
+    return nullptr;
+}
+
+bool header_name_is_reserved(const char *name, std::size_t len) {
+    static const char *const exact[] = {"host", "content-length", "transfer-encoding", "connection",
+                                        "content-type", "idempotency-key", "x-outbox-attempt",
+                                        "expect", "te", "upgrade", "keep-alive", "trailer"};
+    for (const char *e : exact)
+        if (iequals(name, len, e)) return true;
+    return istarts(name, len, "ce-") || istarts(name, len, "webhook-");
+}
+
+const char *check_header_value(const char *value, std::size_t len) {
+    if (len > 8192) return "is longer than 8192 bytes";
+    for (std::size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(value[i]);
+        if (c == '\r' || c == '\n') return "contains a carriage return or line feed";
+        if ((c < 0x20 && c != '\t') || c == 0x7f) return "contains a control character";
+    }
+    return nullptr;
+}
+
+long base64_decode(const char *in, std::size_t len, unsigned char *out) {
+    while (len > 0 && in[len - 1] == '=') len--;
+    if (len % 4 == 1) return -1;
+    long n = 0;
+    unsigned int acc = 0;
+    int bits = 0;
+    for (std::size_t i = 0; i < len; i++) {
+        int v = b64_value(static_cast<unsigned char>(in[i]));
+        if (v < 0) return -1;
+        acc = (acc << 6) | static_cast<unsigned int>(v);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[n++] = static_cast<unsigned char>((acc >> bits) & 0xff);
+        }
+    }
+    return n;
+}
+
+std::size_t base64_encode(const unsigned char *in, std::size_t len, char *out) {
+    static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::size_t o = 0, i = 0;
+    for (; i + 2 < len; i += 3) {
+        unsigned int v = (in[i] << 16) | (in[i + 1] << 8) | in[i + 2];
+        out[o++] = tbl[(v >> 18) & 63];
+        out[o++] = tbl[(v >> 12) & 63];
+        out[o++] = tbl[(v >> 6) & 63];
+        out[o++] = tbl[v & 63];
+    }
+    if (i < len) {
+        unsigned int v = in[i] << 16;
+        if (i + 1 < len) v |= in[i + 1] << 8;
+        out[o++] = tbl[(v >> 18) & 63];
+        out[o++] = tbl[(v >> 12) & 63];
+        out[o++] = (i + 1 < len) ? tbl[(v >> 6) & 63] : '=';
+        out[o++] = '=';
+    }
+    return o;
+}
+
+const char *check_signing_secret(const char *secret, std::size_t len) {
+    if (len < 6 || std::strncmp(secret, "whsec_", 6) != 0) return "must start with \"whsec_\"";
+    const char *b64 = secret + 6;
+    std::size_t blen = len - 6;
+    if (blen > (kMaxSecretBytes * 4) / 3 + 4) return "is longer than 256 bytes once decoded";
+    unsigned char buf[kMaxSecretBytes + 8];
+    long n = base64_decode(b64, blen, buf);
+    if (n < 0) return "is not valid base64 after \"whsec_\"";
+    if (static_cast<std::size_t>(n) < kMinSecretBytes) return "is shorter than 16 bytes once decoded";
+    if (static_cast<std::size_t>(n) > kMaxSecretBytes) return "is longer than 256 bytes once decoded";
+    return nullptr;
+}
+
+}  // namespace od

@@ -1,0 +1,74 @@
+/*
+ * core/validate.hpp — pure C++ checks of everything that ends up on the
+ * wire: endpoint URLs, HTTP header names and values, signing secrets.
+ *
+ * No PostgreSQL headers here.  The functions never throw and never
+ * allocate: they return nullptr when the input is acceptable, or a static
+ * English sentence fragment describing the problem, which the caller turns
+ * into an ereport() (see src/triggers.cpp).  That keeps C++ objects off the
+ * stack of any frame that may longjmp.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace od {
+
+/* Upper bound on the length of an endpoint URL, in bytes. */
+constexpr std::size_t kMaxUrlLength = 2048;
+
+/*
+ * An endpoint URL: http:// or https:// (any letter case), a non-empty host
+ * (a name, an IPv4 address or a bracketed IPv6 literal), an optional numeric
+ * port 1-65535, an optional path and query.  No userinfo, no fragment, no
+ * whitespace or control characters, at most kMaxUrlLength bytes.
+ */
+const char *check_url(const char *url, std::size_t len);
+
+/* true when the URL's scheme is https (checked URLs only). */
+bool url_is_https(const char *url, std::size_t len);
+
+/*
+ * An HTTP header field name: a non-empty RFC 9110 token (letters, digits
+ * and !#$%&'*+-.^_`|~), at most 256 bytes.
+ */
+const char *check_header_name(const char *name, std::size_t len);
+
+/*
+ * A name users may not set themselves: framing headers (Host,
+ * Content-Length, Transfer-Encoding, Connection) and the headers the
+ * dispatcher owns (Content-Type, Idempotency-Key, X-Outbox-Attempt, ce-*,
+ * webhook-*).  Case-insensitive.
+ */
+bool header_name_is_reserved(const char *name, std::size_t len);
+
+/*
+ * An HTTP header field value: no CR, LF, NUL or other control character
+ * except horizontal tab, at most 8192 bytes.  Bytes >= 0x80 are allowed
+ * (obs-text).
+ */
+const char *check_header_value(const char *value, std::size_t len);
+
+/* Largest decoded secret accepted, in bytes. */
+constexpr std::size_t kMaxSecretBytes = 256;
+/* Smallest decoded secret accepted, in bytes. */
+constexpr std::size_t kMinSecretBytes = 16;
+
+/*
+ * A Standard Webhooks signing secret: "whsec_" followed by standard base64
+ * (with padding optional) of kMinSecretBytes..kMaxSecretBytes bytes.
+ */
+const char *check_signing_secret(const char *secret, std::size_t len);
+
+/*
+ * Decode standard base64 (RFC 4648, padding optional) into out, which must
+ * hold at least len * 3 / 4 + 3 bytes.  Returns the number of bytes written,
+ * or -1 when the input is not valid base64.
+ */
+long base64_decode(const char *in, std::size_t len, unsigned char *out);
+
+/* Encode standard base64 with padding; out must hold 4 * ((len + 2) / 3) bytes. */
+std::size_t base64_encode(const unsigned char *in, std::size_t len, char *out);
+
+}  // namespace od

@@ -1,0 +1,153 @@
+/*
+ * module.cpp — library entry point: GUCs and shared memory.
+ *
+ * outbox_dispatcher must be listed in shared_preload_libraries: _PG_init
+ * then reserves a small shared-memory segment (counters now; worker slots
+ * and wake latches once the workers exist) and registers the GUCs.  Loaded
+ * any other way (a plain CREATE EXTENSION without preloading), the SQL API
+ * still works but nothing is counted in shared memory.
+ *
+ * Locking: the counters are atomics; no lock is taken on any hot path.
+ */
+#include "outbox_dispatcher.h"
+
+extern "C" {
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/shmem.h"
+#include "utils/guc.h"
+
+PG_MODULE_MAGIC;
+
+void _PG_init(void);
+}
+
+char *od_database = nullptr;
+char *od_role = nullptr;
+int   od_workers = 2;
+bool  od_enabled = true;
+int   od_batch_size = 100;
+int   od_lease_ms = 60000;
+int   od_max_attempts = 12;
+int   od_poll_interval_ms = 1000;
+int   od_backoff_base_ms = 1000;
+int   od_backoff_cap_ms = 300000;
+int   od_defer_delay_ms = 30000;
+int   od_max_defer_age_s = 86400;
+int   od_retention_s = 7 * 86400;
+char *od_source = nullptr;
+int   od_max_payload_bytes = 1024 * 1024;
+
+OdShared *od_shared = nullptr;
+
+static shmem_request_hook_type prev_shmem_request_hook = nullptr;
+static shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
+
+static void
+od_shmem_request(void)
+{
+    if (prev_shmem_request_hook)
+        prev_shmem_request_hook();
+    RequestAddinShmemSpace(MAXALIGN(sizeof(OdShared)));
+}
+
+static void
+od_shmem_startup(void)
+{
+    bool found;
+
+    if (prev_shmem_startup_hook)
+        prev_shmem_startup_hook();
+
+    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+    od_shared = (OdShared *) ShmemInitStruct("outbox_dispatcher", sizeof(OdShared), &found);
+    if (!found)
+    {
+        memset(od_shared, 0, sizeof(OdShared));
+        pg_atomic_init_u64(&od_shared->lost_leases, 0);
+    }
+    LWLockRelease(AddinShmemInitLock);
+}
+
+static void
+od_define_gucs(void)
+{
+    DefineCustomStringVariable("outbox_dispatcher.database",
+                               "Database the dispatcher workers connect to.",
+                               NULL, &od_database, "postgres",
+                               PGC_POSTMASTER, 0, NULL, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.role",
+                               "Role the dispatcher workers connect as (empty: the bootstrap superuser).",
+                               "A dedicated role that is a member of outbox_admin is recommended.",
+                               &od_role, "",
+                               PGC_POSTMASTER, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.workers",
+                            "Number of dispatcher background workers.",
+                            NULL, &od_workers, 2, 0, 64,
+                            PGC_POSTMASTER, 0, NULL, NULL, NULL);
+    DefineCustomBoolVariable("outbox_dispatcher.enabled",
+                             "Whether the dispatcher workers claim messages (off pauses them).",
+                             NULL, &od_enabled, true,
+                             PGC_SIGHUP, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.batch_size",
+                            "Maximum number of messages one worker claims per cycle.",
+                            NULL, &od_batch_size, 100, 1, 10000,
+                            PGC_SIGHUP, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.lease",
+                            "How long a claimed message belongs to its worker.",
+                            "Must be longer than every endpoint's timeout.",
+                            &od_lease_ms, 60000, 100, INT_MAX,
+                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.max_attempts",
+                            "Attempts after which a retryable failure makes a message dead.",
+                            NULL, &od_max_attempts, 12, 1, 1000,
+                            PGC_SIGHUP, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.poll_interval",
+                            "Fallback polling interval of idle workers (commits wake them at once).",
+                            NULL, &od_poll_interval_ms, 1000, 10, 3600 * 1000,
+                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.backoff_base",
+                            "Base of the full-jitter exponential backoff between attempts.",
+                            NULL, &od_backoff_base_ms, 1000, 1, INT_MAX,
+                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.backoff_cap",
+                            "Upper bound of the backoff between attempts.",
+                            NULL, &od_backoff_cap_ms, 300000, 1, INT_MAX,
+                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.defer_delay",
+                            "Delay after a defer status when the response has no Retry-After.",
+                            NULL, &od_defer_delay_ms, 30000, 1, INT_MAX,
+                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.max_defer_age",
+                            "Age after which a message that is still deferred becomes dead.",
+                            NULL, &od_max_defer_age_s, 86400, 1, INT_MAX,
+                            PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.retention",
+                            "How long done messages are kept before the workers purge them (0 keeps them).",
+                            NULL, &od_retention_s, 7 * 86400, 0, INT_MAX,
+                            PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.source",
+                               "CloudEvents source attribute (empty: /postgresql/<database>/outbox).",
+                               NULL, &od_source, "",
+                               PGC_SIGHUP, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.max_payload_bytes",
+                            "Largest payload accepted, measured as the JSON text sent.",
+                            NULL, &od_max_payload_bytes, 1024 * 1024, 1, 1024 * 1024 * 1024,
+                            PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+
+    MarkGUCPrefixReserved("outbox_dispatcher");
+}
+
+extern "C" void
+_PG_init(void)
+{
+    od_define_gucs();
+
+    if (!process_shared_preload_libraries_in_progress)
+        return;
+
+    prev_shmem_request_hook = shmem_request_hook;
+    shmem_request_hook = od_shmem_request;
+    prev_shmem_startup_hook = shmem_startup_hook;
+    shmem_startup_hook = od_shmem_startup;
+}

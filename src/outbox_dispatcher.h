@@ -1,0 +1,103 @@
+/*
+ * outbox_dispatcher.h — declarations shared by the PostgreSQL-facing files.
+ *
+ * Include this (it pulls in postgres.h inside extern "C") from the files in src/
+ * only; files under src/core/ are pure C++ and must not include it.
+ *
+ * Conventions for every file that includes it:
+ *   - code between SPI_connect and SPI_finish, or anything that may
+ *     ereport(ERROR), keeps no C++ object with a destructor on its stack;
+ *     an ERROR is a longjmp and would skip destructors;
+ *   - calls into src/core/ are noexcept by contract (they return error
+ *     strings), so no C++ exception can cross a PostgreSQL frame.
+ */
+#ifndef OUTBOX_DISPATCHER_H
+#define OUTBOX_DISPATCHER_H
+
+extern "C" {
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "port/atomics.h"
+#include "storage/lwlock.h"
+#include "utils/timestamp.h"
+}
+
+/* ---------------------------------------------------------------- GUCs (module.cpp) */
+extern char *od_database;
+extern char *od_role;
+extern int   od_workers;
+extern bool  od_enabled;
+extern int   od_batch_size;
+extern int   od_lease_ms;
+extern int   od_max_attempts;
+extern int   od_poll_interval_ms;
+extern int   od_backoff_base_ms;
+extern int   od_backoff_cap_ms;
+extern int   od_defer_delay_ms;
+extern int   od_max_defer_age_s;
+extern int   od_retention_s;
+extern char *od_source;
+extern int   od_max_payload_bytes;
+
+/* ---------------------------------------------------------------- shared memory (module.cpp) */
+typedef struct OdShared
+{
+    pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row */
+} OdShared;
+
+/* NULL unless the library was loaded by shared_preload_libraries. */
+extern OdShared *od_shared;
+
+/* ---------------------------------------------------------------- transitions (transitions.cpp) */
+
+/* Result kinds of one delivery, as written by od_finalize(). */
+typedef enum OdVerdict
+{
+    OD_DONE,            /* processing -> done */
+    OD_RETRY,           /* processing -> pending after delay */
+    OD_DEAD             /* processing -> dead */
+} OdVerdict;
+
+typedef struct OdFinalize
+{
+    int64       id;
+    int64       lease_version;
+    OdVerdict   verdict;
+    int64       delay_us;       /* OD_RETRY: delay before the next attempt */
+    bool        refund;         /* OD_RETRY: give the attempt back (defer) */
+    const char *error;          /* NULL for none; copied by od_finalize */
+    int         http_status;    /* 0 for none */
+    bool        applied;        /* out: false = lease lost (fenced) */
+} OdFinalize;
+
+/* Columns returned by od_claim(), in this order. */
+#define OD_CLAIM_NATTS 11
+
+/*
+ * Reap exhausted expired leases, then lease up to batch ready messages.
+ * Must be called inside a transaction, connected to SPI; the claimed rows
+ * are left in SPI_tuptable (SPI_processed of them).  Returns the number of
+ * rows reaped to dead.
+ */
+extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts);
+
+/*
+ * Apply n fenced finalizes in one statement.  Sets items[i].applied; lost
+ * leases are counted in shared memory and logged once each.  Must be
+ * connected to SPI.  Returns the number applied.
+ */
+extern int od_finalize(OdFinalize *items, int n);
+
+extern bool   od_retry(int64 id);
+extern uint64 od_retry_dead(const char *endpoint, const char *event_type);
+extern bool   od_skip(int64 id, const char *reason);
+extern uint64 od_purge(int64 older_than_us, int limit);
+extern int64  od_enqueue(Datum *values, bool *nulls);
+
+/* Interval -> microseconds (months counted as 30 days, like interval_cmp). */
+extern int64 od_interval_us(const Interval *iv);
+
+#endif /* OUTBOX_DISPATCHER_H */

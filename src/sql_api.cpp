@@ -1,0 +1,300 @@
+/*
+ * sql_api.cpp — SQL-callable functions of schema outbox.
+ *
+ * Each function validates its arguments (errors follow the PostgreSQL
+ * message style and are raised before anything is changed), connects to
+ * SPI and calls the single implementation in transitions.cpp.
+ */
+#include "outbox_dispatcher.h"
+
+extern "C" {
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/tuplestore.h"
+
+PG_FUNCTION_INFO_V1(od_enqueue_sql);
+PG_FUNCTION_INFO_V1(od_claim_sql);
+PG_FUNCTION_INFO_V1(od_mark_done_sql);
+PG_FUNCTION_INFO_V1(od_reschedule_sql);
+PG_FUNCTION_INFO_V1(od_mark_dead_sql);
+PG_FUNCTION_INFO_V1(od_retry_sql);
+PG_FUNCTION_INFO_V1(od_retry_dead_sql);
+PG_FUNCTION_INFO_V1(od_skip_sql);
+PG_FUNCTION_INFO_V1(od_purge_sql);
+PG_FUNCTION_INFO_V1(od_wake_sql);
+PG_FUNCTION_INFO_V1(od_lost_leases_sql);
+}
+
+static void
+require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+    if (PG_ARGISNULL(argno))
+        ereport(ERROR,
+                (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+                 errmsg("%s must not be null", name)));
+}
+
+static void
+require_nonempty_text(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+    require_arg(fcinfo, argno, name);
+    if (VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(argno)) == 0)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("%s must not be empty", name)));
+}
+
+static int64
+positive_interval_arg(FunctionCallInfo fcinfo, int argno, const char *name, bool allow_zero)
+{
+    int64 us;
+
+    require_arg(fcinfo, argno, name);
+    us = od_interval_us(PG_GETARG_INTERVAL_P(argno));
+    if (us < 0 || (us == 0 && !allow_zero))
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("%s must be %s", name, allow_zero ? "zero or positive" : "positive"),
+                 errdetail("The value given is %s.",
+                           DatumGetCString(DirectFunctionCall1(interval_out, PG_GETARG_DATUM(argno))))));
+    return us;
+}
+
+static int
+http_status_arg(FunctionCallInfo fcinfo, int argno)
+{
+    int status;
+
+    if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+        return 0;
+    status = PG_GETARG_INT32(argno);
+    if (status < 100 || status > 599)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("http_status must be between 100 and 599"),
+                 errdetail("The value given is %d.", status)));
+    return status;
+}
+
+/* ---------------------------------------------------------------- enqueue */
+
+extern "C" Datum
+od_enqueue_sql(PG_FUNCTION_ARGS)
+{
+    Datum       values[8];
+    bool        nulls[8];
+    int64       id;
+
+    require_arg(fcinfo, 0, "aggregate_type");
+    require_arg(fcinfo, 1, "aggregate_id");
+    require_arg(fcinfo, 2, "event_type");
+    require_arg(fcinfo, 3, "payload");
+    require_arg(fcinfo, 4, "endpoint");
+    for (int i = 0; i < 8; i++)
+    {
+        nulls[i] = PG_ARGISNULL(i);
+        values[i] = nulls[i] ? (Datum) 0 : PG_GETARG_DATUM(i);
+    }
+    if (nulls[5])
+    {
+        nulls[5] = false;
+        values[5] = BoolGetDatum(false);
+    }
+
+    SPI_connect();
+    id = od_enqueue(values, nulls);
+    SPI_finish();
+    PG_RETURN_INT64(id);
+}
+
+/* ---------------------------------------------------------------- claim */
+
+extern "C" Datum
+od_claim_sql(PG_FUNCTION_ARGS)
+{
+    ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+    char       *owner;
+    int         batch;
+    int64       lease_us;
+    int         max_attempts;
+    MemoryContext per_query;
+    MemoryContext oldcxt;
+    Tuplestorestate *store;
+    TupleDesc   tupdesc;
+
+    require_nonempty_text(fcinfo, 0, "owner");
+    require_arg(fcinfo, 1, "batch");
+    batch = PG_GETARG_INT32(1);
+    if (batch <= 0)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("batch must be positive"),
+                 errdetail("The value given is %d.", batch)));
+    lease_us = positive_interval_arg(fcinfo, 2, "lease", false);
+    max_attempts = PG_ARGISNULL(3) ? od_max_attempts : PG_GETARG_INT32(3);
+    if (max_attempts < 1)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("max_attempts must be at least 1"),
+                 errdetail("The value given is %d.", max_attempts)));
+    owner = text_to_cstring(PG_GETARG_TEXT_PP(0));
+
+    if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) ||
+        (rsinfo->allowedModes & SFRM_Materialize) == 0)
+        ereport(ERROR,
+                (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+                 errmsg("set-valued function called in context that cannot accept a set")));
+    if (get_call_result_type(fcinfo, nullptr, &tupdesc) != TYPEFUNC_COMPOSITE)
+        elog(ERROR, "return type must be a row type");
+
+    per_query = rsinfo->econtext->ecxt_per_query_memory;
+    oldcxt = MemoryContextSwitchTo(per_query);
+    tupdesc = CreateTupleDescCopy(tupdesc);
+    store = tuplestore_begin_heap(true, false, work_mem);
+    MemoryContextSwitchTo(oldcxt);
+
+    SPI_connect();
+    od_claim(owner, batch, lease_us, max_attempts);
+    oldcxt = MemoryContextSwitchTo(per_query);
+    for (uint64 i = 0; i < SPI_processed; i++)
+        tuplestore_puttuple(store, SPI_tuptable->vals[i]);
+    MemoryContextSwitchTo(oldcxt);
+    SPI_finish();
+
+    rsinfo->returnMode = SFRM_Materialize;
+    rsinfo->setResult = store;
+    rsinfo->setDesc = tupdesc;
+    return (Datum) 0;
+}
+
+/* ---------------------------------------------------------------- finalize */
+
+static bool
+finalize_one(OdFinalize *item)
+{
+    SPI_connect();
+    od_finalize(item, 1);
+    SPI_finish();
+    return item->applied;
+}
+
+static void
+fence_args(FunctionCallInfo fcinfo, OdFinalize *item)
+{
+    memset(item, 0, sizeof(*item));
+    require_arg(fcinfo, 0, "id");
+    require_arg(fcinfo, 1, "lease_version");
+    item->id = PG_GETARG_INT64(0);
+    item->lease_version = PG_GETARG_INT64(1);
+}
+
+extern "C" Datum
+od_mark_done_sql(PG_FUNCTION_ARGS)
+{
+    OdFinalize  item;
+
+    fence_args(fcinfo, &item);
+    item.verdict = OD_DONE;
+    item.http_status = http_status_arg(fcinfo, 2);
+    PG_RETURN_BOOL(finalize_one(&item));
+}
+
+extern "C" Datum
+od_reschedule_sql(PG_FUNCTION_ARGS)
+{
+    OdFinalize  item;
+
+    fence_args(fcinfo, &item);
+    item.verdict = OD_RETRY;
+    item.delay_us = positive_interval_arg(fcinfo, 2, "delay", true);
+    item.error = PG_ARGISNULL(3) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(3));
+    item.refund = !PG_ARGISNULL(4) && PG_GETARG_BOOL(4);
+    item.http_status = http_status_arg(fcinfo, 5);
+    PG_RETURN_BOOL(finalize_one(&item));
+}
+
+extern "C" Datum
+od_mark_dead_sql(PG_FUNCTION_ARGS)
+{
+    OdFinalize  item;
+
+    fence_args(fcinfo, &item);
+    require_nonempty_text(fcinfo, 2, "error");
+    item.verdict = OD_DEAD;
+    item.error = text_to_cstring(PG_GETARG_TEXT_PP(2));
+    item.http_status = http_status_arg(fcinfo, 3);
+    PG_RETURN_BOOL(finalize_one(&item));
+}
+
+/* ---------------------------------------------------------------- operator */
+
+extern "C" Datum
+od_retry_sql(PG_FUNCTION_ARGS)
+{
+    bool ok;
+
+    require_arg(fcinfo, 0, "id");
+    SPI_connect();
+    ok = od_retry(PG_GETARG_INT64(0));
+    SPI_finish();
+    PG_RETURN_BOOL(ok);
+}
+
+extern "C" Datum
+od_retry_dead_sql(PG_FUNCTION_ARGS)
+{
+    const char *endpoint = PG_ARGISNULL(0) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(0));
+    const char *event_type = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
+    uint64      n;
+
+    SPI_connect();
+    n = od_retry_dead(endpoint, event_type);
+    SPI_finish();
+    PG_RETURN_INT64((int64) n);
+}
+
+extern "C" Datum
+od_skip_sql(PG_FUNCTION_ARGS)
+{
+    bool ok;
+
+    require_arg(fcinfo, 0, "id");
+    require_nonempty_text(fcinfo, 1, "reason");
+    SPI_connect();
+    ok = od_skip(PG_GETARG_INT64(0), text_to_cstring(PG_GETARG_TEXT_PP(1)));
+    SPI_finish();
+    PG_RETURN_BOOL(ok);
+}
+
+extern "C" Datum
+od_purge_sql(PG_FUNCTION_ARGS)
+{
+    int64  older_than = positive_interval_arg(fcinfo, 0, "older_than", true);
+    uint64 n;
+
+    SPI_connect();
+    n = od_purge(older_than, 0);
+    SPI_finish();
+    PG_RETURN_INT64((int64) n);
+}
+
+/* ---------------------------------------------------------------- wake / counters */
+
+/*
+ * Workers do not exist yet in this version: wake() only checks that the
+ * caller may call it.  It becomes a commit-time latch set with the workers.
+ */
+extern "C" Datum
+od_wake_sql(PG_FUNCTION_ARGS)
+{
+    PG_RETURN_VOID();
+}
+
+extern "C" Datum
+od_lost_leases_sql(PG_FUNCTION_ARGS)
+{
+    if (od_shared == nullptr)
+        PG_RETURN_NULL();
+    PG_RETURN_INT64((int64) pg_atomic_read_u64(&od_shared->lost_leases));
+}

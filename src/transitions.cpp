@@ -1,0 +1,415 @@
+/*
+ * transitions.cpp — the message state machine, implemented once.
+ *
+ * Every state change of outbox.messages goes through this file, whether it
+ * comes from a SQL function (sql_api.cpp) or, later, from a background
+ * worker: same statements, same fencing, same counters.
+ *
+ * Statements are prepared once per backend with SPI_prepare and kept with
+ * SPI_keepplan; the plan cache revalidates them after DDL.  All times are
+ * computed by the database (now()), never by the caller's clock.
+ *
+ * Claim (od_claim), one short transaction, two statements:
+ *   1. reap: processing rows whose lease expired with attempts already at
+ *      max_attempts become dead (the message crashed its worker, or outlived
+ *      its lease, on its last allowed attempt).  At most `batch` rows, with
+ *      SKIP LOCKED, walking messages_leased from the oldest deadline.
+ *   2. claim: expired leases with attempts left first (oldest deadline
+ *      first), then ready rows (pending, available_at <= now(), endpoint
+ *      enabled, and for ordered rows no unfinished earlier message of the
+ *      same aggregate), oldest available_at first.  Both arms are index
+ *      scans that stop after `batch` rows, so the cost is proportional to
+ *      the batch: retained done/dead rows are in neither partial index, and
+ *      rows scheduled for later sit beyond now() in messages_ready.
+ *      Claimed rows get status processing, the owner, lease_until =
+ *      now() + lease, lease_version + 1 and attempts + 1.
+ *
+ *   Rows are claimed in available_at order, not id order: that is the order
+ *   an index can serve without walking the backlog, and the only order users
+ *   rely on — per aggregate — is enforced by the head check, not by the
+ *   claim order.
+ *
+ * Finalize (od_finalize): one UPDATE for any number of results, each fenced
+ * on (id, status = 'processing', lease_version).  A result whose row was not
+ * updated lost its lease to a newer claim (or to the reaper): it is counted
+ * in shared memory and logged; the newer owner's state stands.
+ */
+#include "outbox_dispatcher.h"
+
+extern "C" {
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+}
+
+/* ---------------------------------------------------------------- plans */
+
+static SPIPlanPtr plan_reap = nullptr;
+static SPIPlanPtr plan_claim = nullptr;
+static SPIPlanPtr plan_finalize = nullptr;
+static SPIPlanPtr plan_retry = nullptr;
+static SPIPlanPtr plan_retry_dead = nullptr;
+static SPIPlanPtr plan_skip = nullptr;
+static SPIPlanPtr plan_purge = nullptr;
+static SPIPlanPtr plan_endpoint_state = nullptr;
+static SPIPlanPtr plan_enqueue = nullptr;
+
+static const char *const SQL_REAP =
+    "WITH expired AS ("
+    "  SELECT id FROM outbox.messages"
+    "   WHERE status = 'processing' AND lease_until < now() AND attempts >= $1"
+    "   ORDER BY lease_until LIMIT $2"
+    "     FOR UPDATE SKIP LOCKED) "
+    "UPDATE outbox.messages AS m"
+    "   SET status = 'dead', lease_owner = NULL, lease_until = NULL,"
+    "       last_error = format('lease expired on attempt %s of %s (worker crashed or the request outlived its lease)',"
+    "                           m.attempts, $1)"
+    "  FROM expired WHERE m.id = expired.id";
+
+static const char *const SQL_CLAIM =
+    "WITH picked AS ("
+    "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m"
+    "    WHERE m.status = 'processing' AND m.lease_until < now() AND m.attempts < $4"
+    "      AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = m.endpoint AND e.enabled)"
+    "    ORDER BY m.lease_until LIMIT $2"
+    "      FOR UPDATE OF m SKIP LOCKED) AS expired"
+    "  UNION ALL"
+    "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m"
+    "    WHERE m.status = 'pending' AND m.available_at <= now()"
+    "      AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = m.endpoint AND e.enabled)"
+    "      AND (NOT m.ordered OR NOT EXISTS ("
+    "            SELECT 1 FROM outbox.messages AS p"
+    "             WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id"
+    "               AND p.id < m.id AND p.status <> 'done'))"
+    "    ORDER BY m.available_at, m.id LIMIT $2"
+    "      FOR UPDATE OF m SKIP LOCKED) AS ready"
+    "  LIMIT $2) "
+    "UPDATE outbox.messages AS o"
+    "   SET status = 'processing', lease_owner = $1, lease_until = now() + $3,"
+    "       lease_version = o.lease_version + 1, attempts = o.attempts + 1"
+    "  FROM picked WHERE o.id = picked.id "
+    "RETURNING o.id, o.lease_version, o.attempts, o.endpoint, o.aggregate_type, o.aggregate_id,"
+    "          o.event_type, o.payload, o.headers, o.ordered, o.created_at";
+
+static const char *const SQL_FINALIZE =
+    "UPDATE outbox.messages AS m"
+    "   SET status = r.status,"
+    "       done_at = CASE WHEN r.status = 'done' THEN now() END,"
+    "       available_at = CASE WHEN r.status = 'pending' THEN now() + r.delay ELSE m.available_at END,"
+    "       attempts = CASE WHEN r.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END,"
+    "       last_error = r.error, last_http_status = r.http_status,"
+    "       lease_owner = NULL, lease_until = NULL"
+    "  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[], $6::int[], $7::bool[])"
+    "       AS r(id, ver, status, delay, error, http_status, refund)"
+    " WHERE m.id = r.id AND m.status = 'processing' AND m.lease_version = r.ver "
+    "RETURNING m.id";
+
+static const char *const SQL_RETRY =
+    "UPDATE outbox.messages"
+    "   SET status = 'pending', attempts = 0, available_at = now(),"
+    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
+    " WHERE id = $1 AND status = 'dead'";
+
+static const char *const SQL_RETRY_DEAD =
+    "UPDATE outbox.messages"
+    "   SET status = 'pending', attempts = 0, available_at = now(),"
+    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
+    " WHERE status = 'dead' AND ($1::text IS NULL OR endpoint = $1)"
+    "   AND ($2::text IS NULL OR event_type = $2)";
+
+static const char *const SQL_SKIP =
+    "UPDATE outbox.messages"
+    "   SET status = 'done', done_at = now(), last_error = 'skipped: ' || $2,"
+    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
+    " WHERE id = $1 AND status <> 'done'";
+
+static const char *const SQL_PURGE =
+    "WITH old AS ("
+    "  SELECT id FROM outbox.messages"
+    "   WHERE status = 'done' AND done_at < now() - $1"
+    "   ORDER BY done_at LIMIT $2"
+    "     FOR UPDATE SKIP LOCKED) "
+    "DELETE FROM outbox.messages AS m USING old WHERE m.id = old.id";
+
+static const char *const SQL_ENDPOINT_STATE =
+    "SELECT enabled FROM outbox.endpoints WHERE name = $1";
+
+static const char *const SQL_ENQUEUE =
+    "INSERT INTO outbox.messages"
+    "   (aggregate_type, aggregate_id, event_type, payload, endpoint, ordered, available_at, headers)"
+    " VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, now()), $8) RETURNING id";
+
+static SPIPlanPtr
+od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
+{
+    if (*slot == nullptr)
+    {
+        SPIPlanPtr plan = SPI_prepare(sql, nargs, const_cast<Oid *>(argtypes));
+
+        if (plan == nullptr)
+            elog(ERROR, "outbox_dispatcher: SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        if (SPI_keepplan(plan) != 0)
+            elog(ERROR, "outbox_dispatcher: SPI_keepplan failed");
+        *slot = plan;
+    }
+    return *slot;
+}
+
+int64
+od_interval_us(const Interval *iv)
+{
+    return iv->time + (int64) iv->day * USECS_PER_DAY
+        + (int64) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
+}
+
+static Datum
+us_to_interval(int64 us)
+{
+    Interval *iv = (Interval *) palloc0(sizeof(Interval));
+
+    iv->time = us;
+    return IntervalPGetDatum(iv);
+}
+
+/* ---------------------------------------------------------------- claim */
+
+uint64
+od_claim(const char *owner, int batch, int64 lease_us, int max_attempts)
+{
+    static const Oid reap_types[2] = {INT4OID, INT4OID};
+    static const Oid claim_types[4] = {TEXTOID, INT4OID, INTERVALOID, INT4OID};
+    Datum       args[4];
+    uint64      reaped;
+    int         rc;
+
+    od_prepare(&plan_reap, SQL_REAP, 2, reap_types);
+    od_prepare(&plan_claim, SQL_CLAIM, 4, claim_types);
+
+    args[0] = Int32GetDatum(max_attempts);
+    args[1] = Int32GetDatum(batch);
+    rc = SPI_execute_plan(plan_reap, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
+    reaped = SPI_processed;
+
+    args[0] = CStringGetTextDatum(owner);
+    args[1] = Int32GetDatum(batch);
+    args[2] = us_to_interval(lease_us);
+    args[3] = Int32GetDatum(max_attempts);
+    rc = SPI_execute_plan(plan_claim, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE_RETURNING)
+        elog(ERROR, "outbox_dispatcher: claim failed: %s", SPI_result_code_string(rc));
+    return reaped;
+}
+
+/* ---------------------------------------------------------------- finalize */
+
+static ArrayType *
+build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
+{
+    int16       typlen;
+    bool        typbyval;
+    char        typalign;
+    int         dims[1] = {n};
+    int         lbs[1] = {1};
+
+    get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+    return construct_md_array(elems, nulls, 1, dims, lbs, elemtype, typlen, typbyval, typalign);
+}
+
+static int
+cmp_int64(const void *a, const void *b)
+{
+    int64 x = *(const int64 *) a;
+    int64 y = *(const int64 *) b;
+
+    return (x > y) - (x < y);
+}
+
+int
+od_finalize(OdFinalize *items, int n)
+{
+    static const Oid types[7] = {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,
+                                 TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID};
+    static const char *const status_name[] = {"done", "pending", "dead"};
+    Datum      *ids, *vers, *statuses, *delays, *errors, *https, *refunds;
+    bool       *err_nulls, *http_nulls;
+    Datum       args[7];
+    int64      *applied_ids;
+    int         napplied;
+    int         rc;
+
+    if (n <= 0)
+        return 0;
+    od_prepare(&plan_finalize, SQL_FINALIZE, 7, types);
+
+    ids = (Datum *) palloc(sizeof(Datum) * n);
+    vers = (Datum *) palloc(sizeof(Datum) * n);
+    statuses = (Datum *) palloc(sizeof(Datum) * n);
+    delays = (Datum *) palloc(sizeof(Datum) * n);
+    errors = (Datum *) palloc(sizeof(Datum) * n);
+    https = (Datum *) palloc(sizeof(Datum) * n);
+    refunds = (Datum *) palloc(sizeof(Datum) * n);
+    err_nulls = (bool *) palloc(sizeof(bool) * n);
+    http_nulls = (bool *) palloc(sizeof(bool) * n);
+
+    for (int i = 0; i < n; i++)
+    {
+        const OdFinalize *it = &items[i];
+
+        ids[i] = Int64GetDatum(it->id);
+        vers[i] = Int64GetDatum(it->lease_version);
+        statuses[i] = CStringGetTextDatum(status_name[it->verdict]);
+        delays[i] = us_to_interval(it->verdict == OD_RETRY ? it->delay_us : 0);
+        err_nulls[i] = (it->error == nullptr);
+        errors[i] = it->error ? CStringGetTextDatum(it->error) : (Datum) 0;
+        http_nulls[i] = (it->http_status == 0);
+        https[i] = Int32GetDatum(it->http_status);
+        refunds[i] = BoolGetDatum(it->verdict == OD_RETRY && it->refund);
+    }
+    args[0] = PointerGetDatum(build_array(ids, nullptr, n, INT8OID));
+    args[1] = PointerGetDatum(build_array(vers, nullptr, n, INT8OID));
+    args[2] = PointerGetDatum(build_array(statuses, nullptr, n, TEXTOID));
+    args[3] = PointerGetDatum(build_array(delays, nullptr, n, INTERVALOID));
+    args[4] = PointerGetDatum(build_array(errors, err_nulls, n, TEXTOID));
+    args[5] = PointerGetDatum(build_array(https, http_nulls, n, INT4OID));
+    args[6] = PointerGetDatum(build_array(refunds, nullptr, n, BOOLOID));
+
+    rc = SPI_execute_plan(plan_finalize, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE_RETURNING)
+        elog(ERROR, "outbox_dispatcher: finalize failed: %s", SPI_result_code_string(rc));
+
+    napplied = (int) SPI_processed;
+    applied_ids = (int64 *) palloc(sizeof(int64) * (napplied + 1));
+    for (int i = 0; i < napplied; i++)
+    {
+        bool isnull;
+
+        applied_ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
+    }
+    qsort(applied_ids, napplied, sizeof(int64), cmp_int64);
+
+    for (int i = 0; i < n; i++)
+    {
+        OdFinalize *it = &items[i];
+
+        it->applied = bsearch(&it->id, applied_ids, napplied, sizeof(int64), cmp_int64) != nullptr;
+        if (!it->applied)
+        {
+            if (od_shared)
+                pg_atomic_fetch_add_u64(&od_shared->lost_leases, 1);
+            ereport(LOG,
+                    (errmsg("outbox_dispatcher: lost lease on message %lld (lease_version %lld); result \"%s\" discarded",
+                            (long long) it->id, (long long) it->lease_version, status_name[it->verdict]),
+                     errdetail("Another claim took the message over, or it is no longer processing.")));
+        }
+    }
+    return napplied;
+}
+
+/* ---------------------------------------------------------------- operator transitions */
+
+bool
+od_retry(int64 id)
+{
+    static const Oid types[1] = {INT8OID};
+    Datum       args[1] = {Int64GetDatum(id)};
+    int         rc;
+
+    od_prepare(&plan_retry, SQL_RETRY, 1, types);
+    rc = SPI_execute_plan(plan_retry, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "outbox_dispatcher: retry failed: %s", SPI_result_code_string(rc));
+    return SPI_processed == 1;
+}
+
+uint64
+od_retry_dead(const char *endpoint, const char *event_type)
+{
+    static const Oid types[2] = {TEXTOID, TEXTOID};
+    Datum       args[2];
+    char        nulls[2];
+    int         rc;
+
+    args[0] = endpoint ? CStringGetTextDatum(endpoint) : (Datum) 0;
+    nulls[0] = endpoint ? ' ' : 'n';
+    args[1] = event_type ? CStringGetTextDatum(event_type) : (Datum) 0;
+    nulls[1] = event_type ? ' ' : 'n';
+    od_prepare(&plan_retry_dead, SQL_RETRY_DEAD, 2, types);
+    rc = SPI_execute_plan(plan_retry_dead, args, nulls, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "outbox_dispatcher: retry_dead failed: %s", SPI_result_code_string(rc));
+    return SPI_processed;
+}
+
+bool
+od_skip(int64 id, const char *reason)
+{
+    static const Oid types[2] = {INT8OID, TEXTOID};
+    Datum       args[2] = {Int64GetDatum(id), CStringGetTextDatum(reason)};
+    int         rc;
+
+    od_prepare(&plan_skip, SQL_SKIP, 2, types);
+    rc = SPI_execute_plan(plan_skip, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "outbox_dispatcher: skip failed: %s", SPI_result_code_string(rc));
+    return SPI_processed == 1;
+}
+
+uint64
+od_purge(int64 older_than_us, int limit)
+{
+    static const Oid types[2] = {INTERVALOID, INT4OID};
+    Datum       args[2] = {us_to_interval(older_than_us), Int32GetDatum(limit)};
+    char        nulls[2] = {' ', limit > 0 ? ' ' : 'n'};
+    int         rc;
+
+    od_prepare(&plan_purge, SQL_PURGE, 2, types);
+    rc = SPI_execute_plan(plan_purge, args, nulls, false, 0);
+    if (rc != SPI_OK_DELETE)
+        elog(ERROR, "outbox_dispatcher: purge failed: %s", SPI_result_code_string(rc));
+    return SPI_processed;
+}
+
+/* ---------------------------------------------------------------- enqueue */
+
+/*
+ * values/nulls are enqueue()'s eight arguments in order.  The endpoint must
+ * exist and be enabled; headers and payload are checked by the
+ * messages_check trigger, which plain INSERTs go through as well.
+ */
+int64
+od_enqueue(Datum *values, bool *nulls)
+{
+    static const Oid ep_types[1] = {TEXTOID};
+    static const Oid ins_types[8] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, BOOLOID,
+                                     TIMESTAMPTZOID, JSONBOID};
+    char        cnulls[8];
+    bool        isnull;
+    int         rc;
+
+    od_prepare(&plan_endpoint_state, SQL_ENDPOINT_STATE, 1, ep_types);
+    rc = SPI_execute_plan(plan_endpoint_state, &values[4], nullptr, true, 1);
+    if (rc != SPI_OK_SELECT)
+        elog(ERROR, "outbox_dispatcher: endpoint lookup failed: %s", SPI_result_code_string(rc));
+    if (SPI_processed == 0)
+        ereport(ERROR,
+                (errcode(ERRCODE_UNDEFINED_OBJECT),
+                 errmsg("endpoint \"%s\" does not exist", TextDatumGetCString(values[4])),
+                 errhint("Create it with INSERT INTO outbox.endpoints (name, url) VALUES (...).")));
+    if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+        ereport(ERROR,
+                (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                 errmsg("endpoint \"%s\" is disabled", TextDatumGetCString(values[4])),
+                 errhint("Enable it with UPDATE outbox.endpoints SET enabled = true.")));
+
+    for (int i = 0; i < 8; i++)
+        cnulls[i] = nulls[i] ? 'n' : ' ';
+    od_prepare(&plan_enqueue, SQL_ENQUEUE, 8, ins_types);
+    rc = SPI_execute_plan(plan_enqueue, values, cnulls, false, 1);
+    if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+        elog(ERROR, "outbox_dispatcher: enqueue failed: %s", SPI_result_code_string(rc));
+    return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}

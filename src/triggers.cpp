@@ -1,0 +1,297 @@
+/*
+ * triggers.cpp — row validation for outbox.messages and outbox.endpoints.
+ *
+ * Validation lives in BEFORE ROW triggers rather than in enqueue() so that
+ * a plain INSERT INTO outbox.messages (a supported way to enqueue) and
+ * direct edits of outbox.endpoints get the very same checks.  Everything
+ * that will become an HTTP header (event_type -> ce-type, aggregate ->
+ * ce-subject, user headers) is checked for CR/LF and control characters
+ * here, so that a row that made it into the table can always be sent.
+ *
+ * The byte-level checks are in src/core/validate.cpp (pure C++, unit
+ * tested); this file walks PostgreSQL values and raises the errors.
+ */
+#include "outbox_dispatcher.h"
+#include "core/validate.hpp"
+
+extern "C" {
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/rel.h"
+
+PG_FUNCTION_INFO_V1(od_message_check);
+PG_FUNCTION_INFO_V1(od_endpoint_check);
+}
+
+static TriggerData *
+row_trigger_data(FunctionCallInfo fcinfo, const char *fname)
+{
+    TriggerData *trig = (TriggerData *) fcinfo->context;
+
+    if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trig->tg_event) ||
+        !TRIGGER_FIRED_FOR_ROW(trig->tg_event))
+        ereport(ERROR,
+                (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                 errmsg("function \"%s\" must be fired BEFORE ROW", fname)));
+    return trig;
+}
+
+static HeapTuple
+new_row(TriggerData *trig)
+{
+    return TRIGGER_FIRED_BY_UPDATE(trig->tg_event) ? trig->tg_newtuple : trig->tg_trigtuple;
+}
+
+static Datum
+column(TriggerData *trig, HeapTuple tup, const char *name, bool *isnull)
+{
+    TupleDesc desc = RelationGetDescr(trig->tg_relation);
+    int       attno = SPI_fnumber(desc, name);
+
+    if (attno <= 0)
+        elog(ERROR, "outbox_dispatcher: column \"%s\" not found", name);
+    return heap_getattr(tup, attno, desc, isnull);
+}
+
+/* A text column that will be sent as (part of) an HTTP header value. */
+static void
+check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bool allow_empty)
+{
+    bool        isnull;
+    Datum       d = column(trig, tup, colname, &isnull);
+    text       *t;
+    const char *problem;
+
+    if (isnull)
+        return;                 /* NOT NULL constraints report this */
+    t = DatumGetTextPP(d);
+    if (!allow_empty && VARSIZE_ANY_EXHDR(t) == 0)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("%s must not be empty", colname)));
+    problem = od::check_header_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+    if (problem)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("%s %s", colname, problem),
+                 errdetail("It is sent in an HTTP header.")));
+}
+
+/*
+ * headers must be a JSON object whose values are all strings; names must be
+ * header tokens not reserved by the dispatcher, values free of CR/LF and
+ * control characters.
+ */
+static void
+check_headers_object(Jsonb *jb, const char *what)
+{
+    JsonbIterator *it;
+    JsonbValue  v;
+    JsonbIteratorToken tok;
+    char       *name = nullptr;
+
+    if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("%s must be a JSON object of strings", what),
+                 errdetail("Example: {\"Authorization\": \"Bearer ...\"}.")));
+
+    it = JsonbIteratorInit(&jb->root);
+    while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+    {
+        const char *problem;
+
+        if (tok == WJB_KEY)
+        {
+            name = pnstrdup(v.val.string.val, v.val.string.len);
+            problem = od::check_header_name(v.val.string.val, v.val.string.len);
+            if (problem)
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("%s: header name \"%s\" %s", what, name, problem)));
+            if (od::header_name_is_reserved(v.val.string.val, v.val.string.len))
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("%s: header \"%s\" is set by the dispatcher and cannot be overridden", what, name)));
+        }
+        else if (tok == WJB_VALUE)
+        {
+            if (v.type != jbvString)
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("%s must be a JSON object of strings", what),
+                         errdetail("The value of header \"%s\" is not a string.", name)));
+            problem = od::check_header_value(v.val.string.val, v.val.string.len);
+            if (problem)
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("%s: value of header \"%s\" %s", what, name, problem)));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- messages */
+
+extern "C" Datum
+od_message_check(PG_FUNCTION_ARGS)
+{
+    TriggerData *trig = row_trigger_data(fcinfo, "_message_check");
+    HeapTuple   tup = new_row(trig);
+    bool        isnull;
+    Datum       d;
+
+    check_header_safe_text(trig, tup, "aggregate_type", false);
+    check_header_safe_text(trig, tup, "aggregate_id", false);
+    check_header_safe_text(trig, tup, "event_type", false);
+
+    d = column(trig, tup, "headers", &isnull);
+    if (!isnull)
+        check_headers_object(DatumGetJsonbP(d), "message headers");
+
+    d = column(trig, tup, "payload", &isnull);
+    if (!isnull)
+    {
+        Jsonb  *jb = DatumGetJsonbP(d);
+        char   *body = JsonbToCString(nullptr, &jb->root, VARSIZE(jb));
+        size_t  len = strlen(body);
+
+        if (len > (size_t) od_max_payload_bytes)
+            ereport(ERROR,
+                    (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+                     errmsg("payload is too large: %zu bytes", len),
+                     errdetail("outbox_dispatcher.max_payload_bytes is %d bytes.", od_max_payload_bytes)));
+        pfree(body);
+    }
+    return PointerGetDatum(tup);
+}
+
+/* ---------------------------------------------------------------- endpoints */
+
+extern "C" Datum
+od_endpoint_check(PG_FUNCTION_ARGS)
+{
+    TriggerData *trig = row_trigger_data(fcinfo, "_endpoint_check");
+    HeapTuple   tup = new_row(trig);
+    TupleDesc   desc = RelationGetDescr(trig->tg_relation);
+    bool        isnull;
+    Datum       d;
+    const char *problem;
+
+    /* name: shown in logs and errors */
+    d = column(trig, tup, "name", &isnull);
+    if (!isnull)
+    {
+        text *t = DatumGetTextPP(d);
+
+        if (VARSIZE_ANY_EXHDR(t) == 0)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("endpoint name must not be empty")));
+        if (od::check_header_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("endpoint name must not contain control characters")));
+    }
+
+    /* url */
+    d = column(trig, tup, "url", &isnull);
+    if (!isnull)
+    {
+        text *t = DatumGetTextPP(d);
+
+        problem = od::check_url(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+        if (problem)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("endpoint URL %s", problem),
+                     errdetail("The URL given is \"%s\".", text_to_cstring(t)),
+                     errhint("Only http:// and https:// URLs are supported.")));
+    }
+
+    /* headers */
+    d = column(trig, tup, "headers", &isnull);
+    if (!isnull)
+        check_headers_object(DatumGetJsonbP(d), "endpoint headers");
+
+    /* signing_secret */
+    d = column(trig, tup, "signing_secret", &isnull);
+    if (!isnull)
+    {
+        text *t = DatumGetTextPP(d);
+
+        problem = od::check_signing_secret(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+        if (problem)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("signing_secret %s", problem),
+                     errhint("Use a Standard Webhooks secret: \"whsec_\" followed by base64 of 24 to 64 random bytes.")));
+    }
+
+    /* timeout: positive and shorter than the lease */
+    d = column(trig, tup, "timeout", &isnull);
+    if (!isnull)
+    {
+        int64 us = od_interval_us(DatumGetIntervalP(d));
+
+        if (us <= 0)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("endpoint timeout must be positive")));
+        if (us >= (int64) od_lease_ms * 1000)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("endpoint timeout must be shorter than outbox_dispatcher.lease"),
+                     errdetail("The timeout is %s; the lease is %d ms.",
+                               DatumGetCString(DirectFunctionCall1(interval_out, d)), od_lease_ms),
+                     errhint("A request that outlives its lease may be delivered twice.")));
+    }
+
+    /* max_in_flight */
+    d = column(trig, tup, "max_in_flight", &isnull);
+    if (!isnull && (DatumGetInt32(d) < 1 || DatumGetInt32(d) > 10000))
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("max_in_flight must be between 1 and 10000"),
+                 errdetail("The value given is %d.", DatumGetInt32(d))));
+
+    /* defer_statuses */
+    d = column(trig, tup, "defer_statuses", &isnull);
+    if (!isnull)
+    {
+        ArrayType *arr = DatumGetArrayTypeP(d);
+        Datum     *elems;
+        bool      *enulls;
+        int        n;
+
+        if (ARR_NDIM(arr) > 1)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("defer_statuses must be a one-dimensional array")));
+        deconstruct_array(arr, INT4OID, 4, true, TYPALIGN_INT, &elems, &enulls, &n);
+        for (int i = 0; i < n; i++)
+        {
+            int s = enulls[i] ? 0 : DatumGetInt32(elems[i]);
+
+            if (enulls[i] || s < 300 || s > 599)
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("defer_statuses must contain HTTP statuses between 300 and 599"),
+                         errdetail("Element %d is %s.", i + 1, enulls[i] ? "null" : psprintf("%d", s))));
+        }
+    }
+
+    if (TRIGGER_FIRED_BY_UPDATE(trig->tg_event))
+    {
+        int   attno = SPI_fnumber(desc, "updated_at");
+        Datum now = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+        bool  nnull = false;
+
+        tup = heap_modify_tuple_by_cols(tup, desc, 1, &attno, &now, &nnull);
+    }
+    return PointerGetDatum(tup);
+}
