@@ -15,7 +15,7 @@ OBJS        = $(PG_SRCS:.cpp=.o) $(CORE_SRCS:.cpp=.o)
 
 PG_CPPFLAGS = -Isrc
 PG_CXXFLAGS = -std=c++17 -Wno-register -Wno-missing-field-initializers
-SHLIB_LINK  = -lstdc++ -lcurl
+SHLIB_LINK  = -lstdc++ -lcurl -lcrypto
 
 # pg_regress suites: sql/<name>.sql inputs, expected/<name>.out.
 REGRESS      = schema enqueue claim finalize ordering operator validation privileges views
@@ -34,10 +34,19 @@ GTEST_BIN = test/unit/unit_tests
 UNIT_SRCS = $(sort $(wildcard test/unit/*.cpp))
 
 $(GTEST_BIN): $(UNIT_SRCS) $(CORE_SRCS) $(wildcard src/core/*.hpp)
-	$(CXX) -std=c++17 -O1 -g -Wall -Isrc -o $@ $(UNIT_SRCS) $(CORE_SRCS) -lgtest -lgtest_main -lpthread -lcurl
+	$(CXX) -std=c++17 -O1 -g -Wall -Isrc -o $@ $(UNIT_SRCS) $(CORE_SRCS) -lgtest -lgtest_main -lpthread -lcurl -lcrypto
 
 unit: $(GTEST_BIN)
 	./$(GTEST_BIN)
 
 .PHONY: unit
 EXTRA_CLEAN = $(GTEST_BIN) results regression.diffs regression.out output_iso
+
+print-regress:
+	@echo $(REGRESS)
+
+# Every test layer (unit, regress, isolation, TAP); see test/run_all.sh.
+test-all:
+	./test/run_all.sh
+
+.PHONY: print-regress test-all

@@ -121,10 +121,22 @@ CREATE FUNCTION @extschema@._message_check()
     LANGUAGE C;
 
 -- Validates headers and payload size of every new row, whether it comes
--- from enqueue() or from a plain INSERT by the application.
+-- from enqueue() or from a plain INSERT by the application, and of every
+-- update of a column that ends up on the wire.
 CREATE TRIGGER messages_check
-    BEFORE INSERT OR UPDATE OF headers, payload ON @extschema@.messages
+    BEFORE INSERT OR UPDATE OF aggregate_type, aggregate_id, event_type, headers, payload
+    ON @extschema@.messages
     FOR EACH ROW EXECUTE FUNCTION @extschema@._message_check();
+
+CREATE FUNCTION @extschema@._wake_trigger()
+    RETURNS trigger
+    AS 'MODULE_PATHNAME', 'od_wake_trigger'
+    LANGUAGE C;
+
+-- Wake the workers when a transaction that inserted messages commits.
+CREATE TRIGGER messages_wake
+    AFTER INSERT ON @extschema@.messages
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._wake_trigger();
 
 -- Keep users' messages and endpoints in pg_dump output.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.endpoints', '');
@@ -155,7 +167,7 @@ CREATE FUNCTION @extschema@.wake()
     LANGUAGE C VOLATILE;
 
 COMMENT ON FUNCTION @extschema@.wake() IS
-    'Wake the dispatcher workers when the current transaction commits';
+    'Wake the dispatcher workers when the current transaction commits (inserts into outbox.messages do this by themselves)';
 
 -- ---------------------------------------------------------------- worker API
 CREATE FUNCTION @extschema@.claim(
@@ -253,6 +265,17 @@ CREATE FUNCTION @extschema@._lost_leases()
     AS 'MODULE_PATHNAME', 'od_lost_leases_sql'
     LANGUAGE C STABLE;
 
+CREATE FUNCTION @extschema@._worker_stats(
+    OUT worker integer, OUT pid integer, OUT state text, OUT started_at timestamptz,
+    OUT claimed bigint, OUT delivered bigint, OUT retried bigint, OUT deferred bigint,
+    OUT dead bigint, OUT reaped bigint, OUT lost_leases bigint, OUT in_flight integer,
+    OUT cycles bigint, OUT latency_avg_ms double precision, OUT latency_p50_ms double precision,
+    OUT latency_p99_ms double precision, OUT latency_max_ms double precision,
+    OUT last_error text, OUT last_error_at timestamptz)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'od_worker_stats_sql'
+    LANGUAGE C VOLATILE;
+
 -- ---------------------------------------------------------------- views
 CREATE VIEW @extschema@.queue_depth AS
 SELECT s.status, count(m.id) AS count
@@ -286,7 +309,12 @@ SELECT id, endpoint, aggregate_type, aggregate_id, event_type, ordered, attempts
  WHERE status = 'dead'
  ORDER BY id;
 
+CREATE VIEW @extschema@.worker_stats AS
+SELECT * FROM @extschema@._worker_stats();
+
 COMMENT ON VIEW @extschema@.queue_depth IS 'Messages per status';
+COMMENT ON VIEW @extschema@.worker_stats IS
+    'One row per dispatcher worker, from shared memory (counters since the server started; latency p50/p99 are power-of-two upper bounds)';
 COMMENT ON VIEW @extschema@.health IS 'One-row summary for alerting';
 COMMENT ON VIEW @extschema@.attempts_histogram IS 'Attempts of unfinished messages (retries building up)';
 COMMENT ON VIEW @extschema@.dead_letters IS 'Messages that need an operator';
@@ -310,17 +338,18 @@ GRANT EXECUTE ON FUNCTION @extschema@.enqueue(text, text, text, jsonb, text, boo
 -- monitors: the views, the messages, endpoints without their secret
 GRANT SELECT ON @extschema@.queue_depth, @extschema@.health,
                 @extschema@.attempts_histogram, @extschema@.dead_letters,
-                @extschema@.messages
+                @extschema@.worker_stats, @extschema@.messages
     TO outbox_monitor;
 GRANT SELECT (name, url, headers, timeout, max_in_flight, enabled, defer_statuses,
               created_at, updated_at)
     ON @extschema@.endpoints TO outbox_monitor;
-GRANT EXECUTE ON FUNCTION @extschema@._lost_leases() TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION @extschema@._lost_leases(), @extschema@._worker_stats() TO outbox_monitor;
 
 -- admins: everything, including the workers' claim/finalize API
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.endpoints, @extschema@.messages TO outbox_admin;
 GRANT SELECT ON @extschema@.queue_depth, @extschema@.health,
-                @extschema@.attempts_histogram, @extschema@.dead_letters
+                @extschema@.attempts_histogram, @extschema@.dead_letters,
+                @extschema@.worker_stats
     TO outbox_admin;
 GRANT USAGE, SELECT ON SEQUENCE @extschema@.messages_id_seq TO outbox_admin;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA @extschema@ TO outbox_admin;

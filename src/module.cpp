@@ -7,7 +7,8 @@
  * any other way (a plain CREATE EXTENSION without preloading), the SQL API
  * still works but nothing is counted in shared memory.
  *
- * Locking: the counters are atomics; no lock is taken on any hot path.
+ * Locking: counters are atomics written by one worker each; a worker's
+ * last_error is under its slot spinlock.  No lock is taken on a hot path.
  */
 #include "outbox_dispatcher.h"
 
@@ -37,6 +38,7 @@ int   od_max_defer_age_s = 86400;
 int   od_retention_s = 7 * 86400;
 char *od_source = nullptr;
 int   od_max_payload_bytes = 1024 * 1024;
+char *od_ca_file = nullptr;
 
 OdShared *od_shared = nullptr;
 
@@ -65,6 +67,21 @@ od_shmem_startup(void)
     {
         memset(od_shared, 0, sizeof(OdShared));
         pg_atomic_init_u64(&od_shared->lost_leases, 0);
+        for (int i = 0; i < OD_MAX_WORKERS; i++)
+        {
+            OdWorkerSlot *w = &od_shared->workers[i];
+
+            pg_atomic_init_u32(&w->state, OD_STATE_STOPPED);
+            pg_atomic_init_u32(&w->in_flight, 0);
+            pg_atomic_uint64 *counters[] = {&w->claimed, &w->delivered, &w->retried, &w->deferred,
+                                            &w->dead, &w->reaped, &w->lost_leases, &w->cycles,
+                                            &w->latency_count, &w->latency_sum_us, &w->latency_max_us};
+            for (pg_atomic_uint64 *c : counters)
+                pg_atomic_init_u64(c, 0);
+            for (int b = 0; b < OD_LATENCY_BUCKETS; b++)
+                pg_atomic_init_u64(&w->latency_buckets[b], 0);
+            SpinLockInit(&w->mutex);
+        }
     }
     LWLockRelease(AddinShmemInitLock);
 }
@@ -135,6 +152,11 @@ od_define_gucs(void)
                             NULL, &od_max_payload_bytes, 1024 * 1024, 1, 1024 * 1024 * 1024,
                             PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
 
+    DefineCustomStringVariable("outbox_dispatcher.ca_file",
+                               "CA bundle used to verify endpoints' TLS certificates (empty: the system store).",
+                               NULL, &od_ca_file, "",
+                               PGC_SIGHUP, 0, NULL, NULL, NULL);
+
     MarkGUCPrefixReserved("outbox_dispatcher");
 }
 
@@ -150,4 +172,6 @@ _PG_init(void)
     shmem_request_hook = od_shmem_request;
     prev_shmem_startup_hook = shmem_startup_hook;
     shmem_startup_hook = od_shmem_startup;
+
+    od_register_workers();
 }

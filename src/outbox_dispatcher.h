@@ -21,7 +21,9 @@ extern "C" {
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "port/atomics.h"
+#include "storage/latch.h"
 #include "storage/lwlock.h"
+#include "storage/spin.h"
 #include "utils/timestamp.h"
 }
 
@@ -41,11 +43,56 @@ extern int   od_max_defer_age_s;
 extern int   od_retention_s;
 extern char *od_source;
 extern int   od_max_payload_bytes;
+extern char *od_ca_file;
 
 /* ---------------------------------------------------------------- shared memory (module.cpp) */
+#define OD_MAX_WORKERS 64
+#define OD_LATENCY_BUCKETS 32       /* bucket b counts latencies < 2^b microseconds */
+
+typedef enum OdWorkerState
+{
+    OD_STATE_STOPPED = 0,
+    OD_STATE_STARTING,
+    OD_STATE_IDLE,
+    OD_STATE_CLAIMING,
+    OD_STATE_DELIVERING,
+    OD_STATE_FINALIZING,
+    OD_STATE_PAUSED
+} OdWorkerState;
+
+/*
+ * One slot per worker.  Counters are written only by the owning worker
+ * (atomics so that readers never see torn values); last_error is guarded
+ * by the slot's spinlock.
+ */
+typedef struct OdWorkerSlot
+{
+    pid_t            pid;           /* 0 = no worker */
+    Latch           *latch;         /* the worker's process latch, for wakes */
+    pg_atomic_uint32 state;         /* OdWorkerState */
+    pg_atomic_uint32 in_flight;
+    TimestampTz      started_at;
+    pg_atomic_uint64 claimed;
+    pg_atomic_uint64 delivered;
+    pg_atomic_uint64 retried;
+    pg_atomic_uint64 deferred;
+    pg_atomic_uint64 dead;
+    pg_atomic_uint64 reaped;
+    pg_atomic_uint64 lost_leases;
+    pg_atomic_uint64 cycles;
+    pg_atomic_uint64 latency_count;
+    pg_atomic_uint64 latency_sum_us;
+    pg_atomic_uint64 latency_max_us;
+    pg_atomic_uint64 latency_buckets[OD_LATENCY_BUCKETS];
+    slock_t          mutex;
+    TimestampTz      last_error_at;
+    char             last_error[256];
+} OdWorkerSlot;
+
 typedef struct OdShared
 {
-    pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row */
+    pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
+    OdWorkerSlot     workers[OD_MAX_WORKERS];
 } OdShared;
 
 /* NULL unless the library was loaded by shared_preload_libraries. */
@@ -58,7 +105,9 @@ typedef enum OdVerdict
 {
     OD_DONE,            /* processing -> done */
     OD_RETRY,           /* processing -> pending after delay */
-    OD_DEAD             /* processing -> dead */
+    OD_DEAD,            /* processing -> dead */
+    OD_DEFER            /* processing -> pending after delay, attempt refunded;
+                         * dead once the message is older than max_defer_age */
 } OdVerdict;
 
 typedef struct OdFinalize
@@ -67,7 +116,7 @@ typedef struct OdFinalize
     int64       lease_version;
     OdVerdict   verdict;
     int64       delay_us;       /* OD_RETRY: delay before the next attempt */
-    bool        refund;         /* OD_RETRY: give the attempt back (defer) */
+    bool        refund;         /* OD_RETRY: give the attempt back */
     const char *error;          /* NULL for none; copied by od_finalize */
     int         http_status;    /* 0 for none */
     bool        applied;        /* out: false = lease lost (fenced) */
@@ -96,6 +145,16 @@ extern uint64 od_retry_dead(const char *endpoint, const char *event_type);
 extern bool   od_skip(int64 id, const char *reason);
 extern uint64 od_purge(int64 older_than_us, int limit);
 extern int64  od_enqueue(Datum *values, bool *nulls);
+
+/* ---------------------------------------------------------------- wake (wake.cpp) */
+
+/* Wake the workers when the current transaction commits. */
+extern void od_wake_at_commit(void);
+/* Wake the workers now. */
+extern void od_wake_workers(void);
+
+/* ---------------------------------------------------------------- workers (worker.cpp) */
+extern void od_register_workers(void);
 
 /* Interval -> microseconds (months counted as 30 days, like interval_cmp). */
 extern int64 od_interval_us(const Interval *iv);

@@ -22,7 +22,6 @@ PG_FUNCTION_INFO_V1(od_retry_sql);
 PG_FUNCTION_INFO_V1(od_retry_dead_sql);
 PG_FUNCTION_INFO_V1(od_skip_sql);
 PG_FUNCTION_INFO_V1(od_purge_sql);
-PG_FUNCTION_INFO_V1(od_wake_sql);
 PG_FUNCTION_INFO_V1(od_lost_leases_sql);
 }
 
@@ -238,6 +237,8 @@ od_retry_sql(PG_FUNCTION_ARGS)
     SPI_connect();
     ok = od_retry(PG_GETARG_INT64(0));
     SPI_finish();
+    if (ok)
+        od_wake_at_commit();
     PG_RETURN_BOOL(ok);
 }
 
@@ -251,6 +252,8 @@ od_retry_dead_sql(PG_FUNCTION_ARGS)
     SPI_connect();
     n = od_retry_dead(endpoint, event_type);
     SPI_finish();
+    if (n > 0)
+        od_wake_at_commit();
     PG_RETURN_INT64((int64) n);
 }
 
@@ -279,17 +282,7 @@ od_purge_sql(PG_FUNCTION_ARGS)
     PG_RETURN_INT64((int64) n);
 }
 
-/* ---------------------------------------------------------------- wake / counters */
-
-/*
- * Workers do not exist yet in this version: wake() only checks that the
- * caller may call it.  It becomes a commit-time latch set with the workers.
- */
-extern "C" Datum
-od_wake_sql(PG_FUNCTION_ARGS)
-{
-    PG_RETURN_VOID();
-}
+/* ---------------------------------------------------------------- counters */
 
 extern "C" Datum
 od_lost_leases_sql(PG_FUNCTION_ARGS)

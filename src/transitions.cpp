@@ -95,11 +95,17 @@ static const char *const SQL_CLAIM =
 
 static const char *const SQL_FINALIZE =
     "UPDATE outbox.messages AS m"
-    "   SET status = r.status,"
+    "   SET status = CASE r.status"
+    "                  WHEN 'retry' THEN 'pending'"
+    "                  WHEN 'defer' THEN CASE WHEN m.created_at < now() - $8 THEN 'dead' ELSE 'pending' END"
+    "                  ELSE r.status END,"
     "       done_at = CASE WHEN r.status = 'done' THEN now() END,"
-    "       available_at = CASE WHEN r.status = 'pending' THEN now() + r.delay ELSE m.available_at END,"
+    "       available_at = CASE WHEN r.status IN ('retry', 'defer') THEN now() + r.delay ELSE m.available_at END,"
     "       attempts = CASE WHEN r.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END,"
-    "       last_error = r.error, last_http_status = r.http_status,"
+    "       last_error = CASE WHEN r.status = 'defer' AND m.created_at < now() - $8"
+    "                         THEN 'deferred for longer than outbox_dispatcher.max_defer_age; last: ' || r.error"
+    "                         ELSE r.error END,"
+    "       last_http_status = r.http_status,"
     "       lease_owner = NULL, lease_until = NULL"
     "  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[], $6::int[], $7::bool[])"
     "       AS r(id, ver, status, delay, error, http_status, refund)"
@@ -231,19 +237,19 @@ cmp_int64(const void *a, const void *b)
 int
 od_finalize(OdFinalize *items, int n)
 {
-    static const Oid types[7] = {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,
-                                 TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID};
-    static const char *const status_name[] = {"done", "pending", "dead"};
+    static const Oid types[8] = {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,
+                                 TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, INTERVALOID};
+    static const char *const status_name[] = {"done", "retry", "dead", "defer"};
     Datum      *ids, *vers, *statuses, *delays, *errors, *https, *refunds;
     bool       *err_nulls, *http_nulls;
-    Datum       args[7];
+    Datum       args[8];
     int64      *applied_ids;
     int         napplied;
     int         rc;
 
     if (n <= 0)
         return 0;
-    od_prepare(&plan_finalize, SQL_FINALIZE, 7, types);
+    od_prepare(&plan_finalize, SQL_FINALIZE, 8, types);
 
     ids = (Datum *) palloc(sizeof(Datum) * n);
     vers = (Datum *) palloc(sizeof(Datum) * n);
@@ -262,12 +268,12 @@ od_finalize(OdFinalize *items, int n)
         ids[i] = Int64GetDatum(it->id);
         vers[i] = Int64GetDatum(it->lease_version);
         statuses[i] = CStringGetTextDatum(status_name[it->verdict]);
-        delays[i] = us_to_interval(it->verdict == OD_RETRY ? it->delay_us : 0);
+        delays[i] = us_to_interval((it->verdict == OD_RETRY || it->verdict == OD_DEFER) ? it->delay_us : 0);
         err_nulls[i] = (it->error == nullptr);
         errors[i] = it->error ? CStringGetTextDatum(it->error) : (Datum) 0;
         http_nulls[i] = (it->http_status == 0);
         https[i] = Int32GetDatum(it->http_status);
-        refunds[i] = BoolGetDatum(it->verdict == OD_RETRY && it->refund);
+        refunds[i] = BoolGetDatum(it->verdict == OD_DEFER || (it->verdict == OD_RETRY && it->refund));
     }
     args[0] = PointerGetDatum(build_array(ids, nullptr, n, INT8OID));
     args[1] = PointerGetDatum(build_array(vers, nullptr, n, INT8OID));
@@ -276,6 +282,7 @@ od_finalize(OdFinalize *items, int n)
     args[4] = PointerGetDatum(build_array(errors, err_nulls, n, TEXTOID));
     args[5] = PointerGetDatum(build_array(https, http_nulls, n, INT4OID));
     args[6] = PointerGetDatum(build_array(refunds, nullptr, n, BOOLOID));
+    args[7] = us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
 
     rc = SPI_execute_plan(plan_finalize, args, nullptr, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)

@@ -1,0 +1,143 @@
+/*
+ * core/dispatcher.hpp — one worker's delivery pipeline, without PostgreSQL.
+ *
+ * The background worker (src/worker.cpp) claims messages in a transaction,
+ * hands them to a Dispatcher with add(), and then only drives the event
+ * loop.  The Dispatcher
+ *   - keeps the endpoint configuration (refreshed by the worker every
+ *     poll_interval) and a FIFO of claimed messages per endpoint;
+ *   - builds each request (src/core/request.cpp) and submits it to the
+ *     HttpEngine while the endpoint is under its max_in_flight;
+ *   - turns completions into Results with src/core/outcome.cpp, ready for a
+ *     batched fenced finalize.
+ *
+ * Pure C++: every method is noexcept and catches its own allocation
+ * failures, so the worker can call it from PostgreSQL frames.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/http_engine.hpp"
+#include "core/outcome.hpp"
+
+namespace od {
+
+struct EndpointConfig {
+    std::string name;
+    std::string url;
+    std::vector<std::string> header_lines;  /* "Name: value" */
+    std::vector<unsigned char> key;         /* decoded signing secret; empty = unsigned */
+    long timeout_ms = 10000;
+    int max_in_flight = 64;
+    std::vector<int> defer_statuses;
+};
+
+struct ClaimedMessage {
+    int64_t id = 0;
+    int64_t lease_version = 0;
+    int attempts = 0;
+    std::string endpoint;
+    std::string event_type;
+    std::string aggregate_type;
+    std::string aggregate_id;
+    std::string body;                       /* payload JSON text, sent as is */
+    std::vector<std::string> header_lines;  /* the message's extra headers */
+    int64_t created_at_unix_us = 0;
+};
+
+struct DeliveryOutcome {
+    int64_t id;
+    int64_t lease_version;
+    Verdict verdict;
+    int64_t delay_ms;
+    bool refund;                            /* Retry: give the attempt back */
+    int http_status;                        /* 0 = none */
+    double latency_ms;                      /* < 0: not sent */
+    char error[kOutcomeErrorSize];
+};
+
+struct DispatcherSettings {
+    std::string source;                     /* CloudEvents source */
+    int max_attempts = 12;
+    BackoffPolicy backoff{1000, 300000};
+    int64_t defer_delay_ms = 30000;
+    int64_t max_retry_after_s = 86400;
+};
+
+class Dispatcher {
+public:
+    bool init(const HttpEngineOptions &opts, uint64_t seed) noexcept;
+    const char *last_error() const noexcept { return engine_.last_error(); }
+
+    void set_settings(const DispatcherSettings &s) noexcept;
+
+    /* Replace the endpoint configuration (in-flight counts are kept by name). */
+    void begin_endpoints() noexcept;
+    bool add_endpoint(const EndpointConfig &e) noexcept;
+    void end_endpoints() noexcept;
+    bool has_endpoint(const std::string &name) const noexcept;
+
+    /* Queue a claimed message; false on allocation failure. */
+    bool add(ClaimedMessage &&m) noexcept;
+
+    /*
+     * Submit queued messages while their endpoint has room.  A message whose
+     * endpoint is unknown, or whose request cannot be built or started,
+     * becomes a Retry outcome at once.  now_unix_s: webhook-timestamp.
+     */
+    void pump(int64_t now_unix_s) noexcept;
+
+    /* Turn finished transfers into outcomes (appended to outcomes()). */
+    void collect(int64_t now_unix_s) noexcept;
+
+    std::vector<DeliveryOutcome> &outcomes() noexcept { return outcomes_; }
+    std::size_t queued() const noexcept { return queued_; }
+    std::size_t in_flight() const noexcept { return engine_.in_flight(); }
+    std::size_t outstanding() const noexcept { return queued_ + engine_.in_flight(); }
+
+    HttpEngine &engine() noexcept { return engine_; }
+
+    /*
+     * Shutdown: abort every transfer in flight and turn it, and every queued
+     * message, into a Retry outcome with the attempt refunded and no delay,
+     * so another worker can take it at once instead of waiting for the lease.
+     */
+    void abandon(const char *why) noexcept;
+
+private:
+    struct EndpointState {
+        EndpointConfig cfg;
+        int in_flight = 0;
+        std::deque<ClaimedMessage> queue;
+    };
+    struct Sent {
+        int64_t id;
+        int64_t lease_version;
+        int attempts;
+        std::string endpoint;
+    };
+    void push_release(int64_t id, int64_t lease_version, const char *why) noexcept;
+
+    void fail_now(const ClaimedMessage &m, const char *why) noexcept;
+
+    HttpEngine engine_;
+    DispatcherSettings settings_;
+    std::unordered_map<std::string, EndpointState> endpoints_;
+    std::unordered_map<std::string, bool> seen_;  /* during begin/end_endpoints */
+    std::unordered_map<uint64_t, Sent> sent_;     /* tag -> message */
+    std::vector<DeliveryOutcome> outcomes_;
+    std::vector<HttpCompletion> completions_;
+    std::vector<std::string> header_buf_;
+    std::mt19937_64 rng_;
+    uint64_t next_tag_ = 1;
+    std::size_t queued_ = 0;
+};
+
+}  // namespace od

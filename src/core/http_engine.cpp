@@ -1,0 +1,352 @@
+/*
+ * core/http_engine.cpp — libcurl multi socket interface (see http_engine.hpp).
+ *
+ * Lifecycle of a transfer: submit() takes an easy handle from the idle pool
+ * (or creates one), sets every option afresh, adds it to the multi handle
+ * and kicks it with a socket_action timeout.  libcurl then tells us through
+ * socket_cb/timer_cb what to wait for; the caller waits and calls
+ * on_socket()/on_timeout(); collect() reads CURLMSG_DONE messages, fills an
+ * HttpCompletion and returns the easy handle to the pool (connections live
+ * in the multi handle's pool, so reuse does not depend on the easy handle).
+ */
+#include "core/http_engine.hpp"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+namespace od {
+
+struct HttpEngine::Transfer {
+    CURL *easy = nullptr;
+    curl_slist *headers = nullptr;
+    std::string body;
+    std::string url;
+    char errbuf[CURL_ERROR_SIZE];
+    HttpCompletion result;
+    std::size_t body_seen = 0;
+    bool body_overflow = false;
+};
+
+namespace {
+
+extern "C" int od_curl_socket_cb(CURL *, curl_socket_t fd, int what, void *userp, void *) {
+    return static_cast<HttpEngine *>(userp)->socket_cb(static_cast<int>(fd), what);
+}
+
+extern "C" int od_curl_timer_cb(CURLM *, long timeout_ms, void *userp) {
+    return static_cast<HttpEngine *>(userp)->timer_cb(timeout_ms);
+}
+
+bool global_init_done = false;
+
+extern "C" size_t od_curl_write_cb(char *ptr, size_t size, size_t nmemb, void *userdata) {
+    auto *t = static_cast<HttpEngine::Transfer *>(userdata);
+    size_t n = size * nmemb;
+    HttpCompletion &r = t->result;
+    if (r.body_len < kBodyCap) {
+        size_t take = std::min(n, kBodyCap - r.body_len);
+        std::memcpy(r.body + r.body_len, ptr, take);
+        r.body_len += take;
+    }
+    t->body_seen += n;
+    if (t->body_seen > kBodyAbort) {
+        t->body_overflow = true;
+        return 0; /* CURLE_WRITE_ERROR: stop reading an oversized body */
+    }
+    return n;
+}
+
+extern "C" size_t od_curl_header_cb(char *ptr, size_t size, size_t nitems, void *userdata) {
+    auto *t = static_cast<HttpEngine::Transfer *>(userdata);
+    size_t n = size * nitems;
+    static const char kName[] = "retry-after:";
+    const size_t kLen = sizeof(kName) - 1;
+    if (n > kLen) {
+        bool match = true;
+        for (size_t i = 0; i < kLen && match; i++) {
+            char c = ptr[i];
+            if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+            match = (c == kName[i]);
+        }
+        if (match) {
+            const char *v = ptr + kLen;
+            const char *end = ptr + n;
+            while (v < end && (*v == ' ' || *v == '\t')) v++;
+            while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t')) end--;
+            size_t len = std::min(static_cast<size_t>(end - v), sizeof(t->result.retry_after) - 1);
+            std::memcpy(t->result.retry_after, v, len);
+            t->result.retry_after[len] = '\0';
+            t->result.retry_after_len = len;
+        }
+    }
+    return n;
+}
+
+}  // namespace
+
+HttpEngine::~HttpEngine() {
+    abort_all();
+    for (Transfer *t : idle_) {
+        curl_easy_cleanup(t->easy);
+        delete t;
+    }
+    idle_.clear();
+    if (multi_) curl_multi_cleanup(multi_);
+}
+
+bool HttpEngine::init(const HttpEngineOptions &opts) noexcept {
+    try {
+        if (!global_init_done) {
+            CURLcode rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+            if (rc != CURLE_OK) {
+                last_error_ = std::string("curl_global_init failed: ") + curl_easy_strerror(rc);
+                return false;
+            }
+            global_init_done = true;
+        }
+        multi_ = curl_multi_init();
+        if (!multi_) {
+            last_error_ = "curl_multi_init failed";
+            return false;
+        }
+        if (opts.ca_file && *opts.ca_file) ca_file_ = opts.ca_file;
+        curl_multi_setopt(multi_, CURLMOPT_SOCKETFUNCTION, od_curl_socket_cb);
+        curl_multi_setopt(multi_, CURLMOPT_SOCKETDATA, this);
+        curl_multi_setopt(multi_, CURLMOPT_TIMERFUNCTION, od_curl_timer_cb);
+        curl_multi_setopt(multi_, CURLMOPT_TIMERDATA, this);
+        curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, opts.max_connections);
+        return true;
+    } catch (...) {
+        last_error_ = "out of memory";
+        return false;
+    }
+}
+
+bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::size_t body_len,
+                        const std::vector<std::string> &header_lines, long timeout_ms) noexcept {
+    Transfer *t = nullptr;
+    try {
+        if (!idle_.empty()) {
+            t = idle_.back();
+            idle_.pop_back();
+            curl_easy_reset(t->easy);
+        } else {
+            t = new Transfer();
+            t->easy = curl_easy_init();
+            if (!t->easy) {
+                delete t;
+                last_error_ = "curl_easy_init failed";
+                return false;
+            }
+        }
+        t->body.assign(body, body_len);
+        t->url.assign(url);
+        std::memset(&t->result, 0, sizeof t->result);
+        t->result.tag = tag;
+        t->errbuf[0] = '\0';
+        t->body_seen = 0;
+        t->body_overflow = false;
+
+        curl_slist *hl = nullptr;
+        for (const std::string &line : header_lines) {
+            curl_slist *n = curl_slist_append(hl, line.c_str());
+            if (!n) {
+                curl_slist_free_all(hl);
+                throw std::bad_alloc();
+            }
+            hl = n;
+        }
+        /* no "Expect: 100-continue" round trip for larger bodies */
+        curl_slist *n = curl_slist_append(hl, "Expect:");
+        if (!n) {
+            curl_slist_free_all(hl);
+            throw std::bad_alloc();
+        }
+        t->headers = n;
+
+        CURL *e = t->easy;
+        curl_easy_setopt(e, CURLOPT_URL, t->url.c_str());
+        curl_easy_setopt(e, CURLOPT_POST, 1L);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, t->body.data());
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(t->body.size()));
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers);
+        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+        curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+        curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+        curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
+        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms, 10000L));
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+        if (!ca_file_.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_file_.c_str());
+        curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+        curl_easy_setopt(e, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
+        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, od_curl_write_cb);
+        curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
+        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, od_curl_header_cb);
+        curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
+        curl_easy_setopt(e, CURLOPT_PRIVATE, t);
+        curl_easy_setopt(e, CURLOPT_USERAGENT, "outbox_dispatcher/0.1");
+
+        running_.emplace(e, t);
+        CURLMcode mc = curl_multi_add_handle(multi_, e);
+        if (mc != CURLM_OK) {
+            running_.erase(e);
+            last_error_ = std::string("curl_multi_add_handle failed: ") + curl_multi_strerror(mc);
+            release(t);
+            return false;
+        }
+        return true;
+    } catch (...) {
+        last_error_ = "out of memory";
+        if (t) {
+            running_.erase(t->easy);
+            release(t);
+        }
+        return false;
+    }
+}
+
+void HttpEngine::release(Transfer *t) noexcept {
+    if (t->headers) {
+        curl_slist_free_all(t->headers);
+        t->headers = nullptr;
+    }
+    try {
+        t->body.clear();
+        t->body.shrink_to_fit();
+        idle_.push_back(t);
+    } catch (...) {
+        curl_easy_cleanup(t->easy);
+        delete t;
+    }
+}
+
+const std::vector<HttpSocket> &HttpEngine::sockets() noexcept {
+    if (sockets_dirty_) {
+        socket_list_.clear();
+        try {
+            for (const auto &kv : socket_what_) {
+                HttpSocket s;
+                s.fd = kv.first;
+                s.want_read = (kv.second == CURL_POLL_IN || kv.second == CURL_POLL_INOUT);
+                s.want_write = (kv.second == CURL_POLL_OUT || kv.second == CURL_POLL_INOUT);
+                if (s.want_read || s.want_write) socket_list_.push_back(s);
+            }
+        } catch (...) {
+            /* out of memory: a shorter list only delays progress until the timeout */
+        }
+        sockets_dirty_ = false;
+    }
+    return socket_list_;
+}
+
+int HttpEngine::socket_cb(int fd, int what) noexcept {
+    try {
+        if (what == CURL_POLL_REMOVE)
+            socket_what_.erase(fd);
+        else
+            socket_what_[fd] = what;
+    } catch (...) {
+        return -1;
+    }
+    sockets_dirty_ = true;
+    return 0;
+}
+
+namespace {
+int64_t steady_us() noexcept {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+}  // namespace
+
+int HttpEngine::timer_cb(long timeout_ms) noexcept {
+    deadline_us_ = timeout_ms < 0 ? -1 : steady_us() + static_cast<int64_t>(timeout_ms) * 1000;
+    return 0;
+}
+
+long HttpEngine::timeout_ms() const noexcept {
+    if (deadline_us_ < 0) return -1;
+    int64_t left = deadline_us_ - steady_us();
+    return left <= 0 ? 0 : static_cast<long>((left + 999) / 1000);
+}
+
+void HttpEngine::on_socket(int fd, bool readable, bool writable) noexcept {
+    int ev = (readable ? CURL_CSELECT_IN : 0) | (writable ? CURL_CSELECT_OUT : 0);
+    curl_multi_socket_action(multi_, static_cast<curl_socket_t>(fd), ev, &still_running_);
+    collect();
+}
+
+void HttpEngine::on_timeout() noexcept {
+    deadline_us_ = -1;
+    curl_multi_socket_action(multi_, CURL_SOCKET_TIMEOUT, 0, &still_running_);
+    collect();
+}
+
+void HttpEngine::collect() noexcept {
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(multi_, &left)) != nullptr) {
+        if (msg->msg != CURLMSG_DONE) continue;
+        CURL *e = msg->easy_handle;
+        auto it = running_.find(e);
+        if (it == running_.end()) continue;
+        Transfer *t = it->second;
+        HttpCompletion &r = t->result;
+        CURLcode code = msg->data.result;
+        long status = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+        double total = 0;
+        curl_easy_getinfo(e, CURLINFO_TOTAL_TIME, &total);
+        r.total_ms = total * 1000.0;
+        r.status = status;
+        if (code == CURLE_WRITE_ERROR && t->body_overflow && status > 0)
+            code = CURLE_OK; /* we cut off an oversized body on purpose */
+        r.curl_code = static_cast<int>(code);
+        if (code != CURLE_OK) {
+            const char *m = t->errbuf[0] ? t->errbuf : curl_easy_strerror(code);
+            std::snprintf(r.error, sizeof r.error, "%s", m);
+            r.status = 0; /* a partial response is a transport failure */
+        }
+        curl_multi_remove_handle(multi_, e);
+        running_.erase(it);
+        try {
+            done_.push_back(r);
+        } catch (...) {
+            /* cannot report it: the lease will expire and the message be retried */
+        }
+        release(t);
+    }
+}
+
+std::size_t HttpEngine::drain(std::vector<HttpCompletion> &out) noexcept {
+    std::size_t n = done_.size();
+    try {
+        out.insert(out.end(), done_.begin(), done_.end());
+    } catch (...) {
+        return 0;
+    }
+    done_.clear();
+    return n;
+}
+
+void HttpEngine::abort_all() noexcept {
+    for (auto &kv : running_) {
+        curl_multi_remove_handle(multi_, kv.first);
+        Transfer *t = kv.second;
+        if (t->headers) curl_slist_free_all(t->headers);
+        curl_easy_cleanup(t->easy);
+        delete t;
+    }
+    running_.clear();
+}
+
+}  // namespace od

@@ -1,0 +1,120 @@
+/*
+ * core/http_engine.hpp — many HTTP POSTs in flight on one thread, over the
+ * libcurl multi "socket" interface, driven by the caller's event loop.
+ *
+ * Pure C++ (no PostgreSQL headers).  The dispatcher worker owns the wait:
+ * it asks the engine which sockets to watch (sockets()/sockets_changed())
+ * and for how long (timeout_ms()), waits on those sockets *and* its latch in
+ * one WaitEventSet, then reports readiness back (on_socket()/on_timeout()).
+ * That keeps the worker responsive to commits, SIGHUP and SIGTERM while
+ * requests are in flight, which curl_multi_poll() alone could not.
+ *
+ * Connections are kept alive in the multi handle's pool and reused across
+ * submits.  Safety settings on every transfer: no redirects, http/https
+ * only, TLS peer and host verification, connect and total timeouts, no
+ * signals, response bodies captured up to kBodyCap bytes and the transfer
+ * cut off past kBodyAbort bytes (never buffered whole).
+ *
+ * Every public method is noexcept: allocation failures are caught inside and
+ * reported as a failed submit or a completion with an error, so no C++
+ * exception can reach a PostgreSQL frame.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+
+namespace od {
+
+/* Bytes of the response body kept for last_error. */
+constexpr std::size_t kBodyCap = 1024;
+/* Bytes of response body after which the transfer is cut off. */
+constexpr std::size_t kBodyAbort = 64 * 1024;
+
+struct HttpCompletion {
+    uint64_t tag;                  /* the caller's tag given to submit() */
+    int curl_code;                 /* CURLcode; 0 = an HTTP response was received */
+    long status;                   /* HTTP status, 0 if none */
+    char error[256];               /* curl's error text for transport errors */
+    char retry_after[64];          /* Retry-After header value, "" if none */
+    std::size_t retry_after_len;
+    char body[kBodyCap];           /* first bytes of the response body */
+    std::size_t body_len;
+    double total_ms;               /* request duration */
+};
+
+struct HttpSocket {
+    int fd;
+    bool want_read;
+    bool want_write;
+};
+
+struct HttpEngineOptions {
+    const char *ca_file = nullptr;  /* nullptr: the system CA store */
+    long max_connections = 256;     /* size of the keep-alive pool */
+};
+
+class HttpEngine {
+public:
+    HttpEngine() = default;
+    ~HttpEngine();
+    HttpEngine(const HttpEngine &) = delete;
+    HttpEngine &operator=(const HttpEngine &) = delete;
+
+    /* Returns false (with a message in last_error()) when libcurl cannot start. */
+    bool init(const HttpEngineOptions &opts) noexcept;
+    const char *last_error() const noexcept { return last_error_.c_str(); }
+
+    /*
+     * Start a POST.  header_lines are complete "Name: value" lines; the body
+     * is copied.  Returns false if the transfer could not be created.
+     */
+    bool submit(uint64_t tag, const char *url, const char *body, std::size_t body_len,
+                const std::vector<std::string> &header_lines, long timeout_ms) noexcept;
+
+    std::size_t in_flight() const noexcept { return running_.size(); }
+
+    /* Sockets to watch; sockets_changed() is true once after any change. */
+    const std::vector<HttpSocket> &sockets() noexcept;
+    bool sockets_changed() const noexcept { return sockets_dirty_; }
+
+    /* Milliseconds until the engine needs on_timeout() (0 = now); -1 = no deadline. */
+    long timeout_ms() const noexcept;
+
+    void on_socket(int fd, bool readable, bool writable) noexcept;
+    void on_timeout() noexcept;
+
+    /* Move finished transfers to out (appending); returns how many. */
+    std::size_t drain(std::vector<HttpCompletion> &out) noexcept;
+
+    /* Abandon every transfer in flight (shutdown). */
+    void abort_all() noexcept;
+
+    /* libcurl callbacks (C linkage trampolines call these). */
+    int socket_cb(int fd, int what) noexcept;
+    int timer_cb(long timeout_ms) noexcept;
+
+    struct Transfer;  /* one easy handle and its buffers (defined in the .cpp) */
+
+private:
+    void collect() noexcept;
+    void release(Transfer *t) noexcept;
+
+    void *multi_ = nullptr;           /* CURLM * */
+    std::string ca_file_;
+    std::string last_error_;
+    std::unordered_map<void *, Transfer *> running_;   /* CURL * -> transfer */
+    std::vector<Transfer *> idle_;             /* reusable easy handles */
+    std::vector<HttpCompletion> done_;
+    std::unordered_map<int, int> socket_what_; /* fd -> CURL_POLL_* */
+    std::vector<HttpSocket> socket_list_;
+    bool sockets_dirty_ = true;
+    int64_t deadline_us_ = -1;                 /* steady clock; -1 = none */
+    int still_running_ = 0;
+};
+
+}  // namespace od

@@ -1,0 +1,104 @@
+/*
+ * stats.cpp — outbox.worker_stats: one row per worker slot, read from
+ * shared memory without locks (counters are atomics; last_error is copied
+ * under the slot's spinlock).
+ *
+ * Latency percentiles come from a power-of-two histogram (bucket b counts
+ * requests faster than 2^b microseconds), so p50/p99 are upper bounds with
+ * at most 2x resolution; avg and max are exact.
+ */
+#include "outbox_dispatcher.h"
+
+extern "C" {
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/tuplestore.h"
+
+PG_FUNCTION_INFO_V1(od_worker_stats_sql);
+}
+
+static const char *const state_names[] = {"stopped", "starting", "idle", "claiming",
+                                          "delivering", "finalizing", "paused"};
+
+static double
+percentile_ms(const uint64 *buckets, uint64 total, double q)
+{
+    uint64 target = (uint64) (q * (double) total);
+    uint64 seen = 0;
+
+    if (total == 0)
+        return 0;
+    for (int b = 0; b < OD_LATENCY_BUCKETS; b++)
+    {
+        seen += buckets[b];
+        if (seen > target)
+            return (double) (UINT64CONST(1) << b) / 1000.0;
+    }
+    return (double) (UINT64CONST(1) << (OD_LATENCY_BUCKETS - 1)) / 1000.0;
+}
+
+extern "C" Datum
+od_worker_stats_sql(PG_FUNCTION_ARGS)
+{
+    ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+    InitMaterializedSRF(fcinfo, 0);
+    if (od_shared == nullptr)
+        return (Datum) 0;
+
+    for (int i = 0; i < od_workers && i < OD_MAX_WORKERS; i++)
+    {
+        OdWorkerSlot *w = &od_shared->workers[i];
+        Datum       values[19];
+        bool        nulls[19];
+        uint64      buckets[OD_LATENCY_BUCKETS];
+        uint64      count;
+        uint32      state;
+        char        last_error[sizeof(w->last_error)];
+        TimestampTz last_error_at;
+        pid_t       pid = w->pid;
+
+        memset(nulls, 0, sizeof(nulls));
+        state = pg_atomic_read_u32(&w->state);
+        if (state > OD_STATE_PAUSED)
+            state = OD_STATE_STOPPED;
+        count = pg_atomic_read_u64(&w->latency_count);
+        for (int b = 0; b < OD_LATENCY_BUCKETS; b++)
+            buckets[b] = pg_atomic_read_u64(&w->latency_buckets[b]);
+        SpinLockAcquire(&w->mutex);
+        memcpy(last_error, w->last_error, sizeof(last_error));
+        last_error_at = w->last_error_at;
+        SpinLockRelease(&w->mutex);
+
+        values[0] = Int32GetDatum(i);
+        values[1] = Int32GetDatum(pid);
+        nulls[1] = (pid == 0);
+        values[2] = CStringGetTextDatum(pid == 0 ? "stopped" : state_names[state]);
+        values[3] = TimestampTzGetDatum(w->started_at);
+        nulls[3] = (w->started_at == 0);
+        values[4] = Int64GetDatum((int64) pg_atomic_read_u64(&w->claimed));
+        values[5] = Int64GetDatum((int64) pg_atomic_read_u64(&w->delivered));
+        values[6] = Int64GetDatum((int64) pg_atomic_read_u64(&w->retried));
+        values[7] = Int64GetDatum((int64) pg_atomic_read_u64(&w->deferred));
+        values[8] = Int64GetDatum((int64) pg_atomic_read_u64(&w->dead));
+        values[9] = Int64GetDatum((int64) pg_atomic_read_u64(&w->reaped));
+        values[10] = Int64GetDatum((int64) pg_atomic_read_u64(&w->lost_leases));
+        values[11] = Int32GetDatum((int32) pg_atomic_read_u32(&w->in_flight));
+        values[12] = Int64GetDatum((int64) pg_atomic_read_u64(&w->cycles));
+        values[13] = Float8GetDatum(count ? (double) pg_atomic_read_u64(&w->latency_sum_us) / count / 1000.0 : 0);
+        nulls[13] = (count == 0);
+        values[14] = Float8GetDatum(percentile_ms(buckets, count, 0.50));
+        nulls[14] = (count == 0);
+        values[15] = Float8GetDatum(percentile_ms(buckets, count, 0.99));
+        nulls[15] = (count == 0);
+        values[16] = Float8GetDatum((double) pg_atomic_read_u64(&w->latency_max_us) / 1000.0);
+        nulls[16] = (count == 0);
+        values[17] = CStringGetTextDatum(last_error);
+        nulls[17] = (last_error[0] == '\0');
+        values[18] = TimestampTzGetDatum(last_error_at);
+        nulls[18] = (last_error_at == 0);
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+    }
+    return (Datum) 0;
+}

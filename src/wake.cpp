@@ -1,0 +1,97 @@
+/*
+ * wake.cpp — wake the dispatcher workers when messages are committed.
+ *
+ * A statement-level AFTER INSERT trigger on outbox.messages (and wake(),
+ * and the operator functions that make messages ready) only raise a
+ * backend-local flag.  A transaction callback, registered once per backend,
+ * sets every running worker's latch when a transaction with the flag
+ * commits and clears the flag when it aborts: an aborted transaction wakes
+ * nobody, and any number of inserts in one transaction cost one wake.
+ * Workers that are busy simply find their latch set when they next wait, so
+ * commits that land while they deliver are claimed right after.
+ *
+ * Locking: none.  Latch pointers live in the worker slots in shared memory;
+ * SetLatch on a slot whose worker just exited is harmless (a spurious wake
+ * of whatever process now owns that PGPROC latch).
+ */
+#include "outbox_dispatcher.h"
+
+extern "C" {
+#include "access/xact.h"
+#include "commands/trigger.h"
+#include "miscadmin.h"
+
+PG_FUNCTION_INFO_V1(od_wake_sql);
+PG_FUNCTION_INFO_V1(od_wake_trigger);
+}
+
+static bool wake_pending = false;
+static bool callback_registered = false;
+
+void
+od_wake_workers(void)
+{
+    if (od_shared == nullptr)
+        return;
+    for (int i = 0; i < od_workers && i < OD_MAX_WORKERS; i++)
+    {
+        OdWorkerSlot *w = &od_shared->workers[i];
+        Latch        *latch = w->latch;
+
+        if (w->pid != 0 && latch != nullptr)
+            SetLatch(latch);
+    }
+}
+
+static void
+od_xact_callback(XactEvent event, void *arg)
+{
+    switch (event)
+    {
+        case XACT_EVENT_COMMIT:
+        case XACT_EVENT_PARALLEL_COMMIT:
+            if (wake_pending)
+            {
+                wake_pending = false;
+                od_wake_workers();
+            }
+            break;
+        case XACT_EVENT_ABORT:
+        case XACT_EVENT_PARALLEL_ABORT:
+        case XACT_EVENT_PREPARE:
+            /* a prepared transaction commits elsewhere; the poll picks it up */
+            wake_pending = false;
+            break;
+        default:
+            break;
+    }
+}
+
+void
+od_wake_at_commit(void)
+{
+    if (!callback_registered)
+    {
+        RegisterXactCallback(od_xact_callback, nullptr);
+        callback_registered = true;
+    }
+    wake_pending = true;
+}
+
+extern "C" Datum
+od_wake_sql(PG_FUNCTION_ARGS)
+{
+    od_wake_at_commit();
+    PG_RETURN_VOID();
+}
+
+extern "C" Datum
+od_wake_trigger(PG_FUNCTION_ARGS)
+{
+    if (!CALLED_AS_TRIGGER(fcinfo))
+        ereport(ERROR,
+                (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                 errmsg("function \"_wake_trigger\" must be called as a trigger")));
+    od_wake_at_commit();
+    return PointerGetDatum(nullptr);
+}

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+#
+# Runs every test layer of outbox_dispatcher and ends with "N passed, N failed":
+#   unit       GoogleTest binary for the pure C++ parts (src/core)
+#   regress    pg_regress: sql/*.sql against expected/*.out (SQL API, errors)
+#   isolation  isolationtester specs in test/isolation (races, SKIP LOCKED, fencing)
+#   tap        PostgreSQL::Test::Cluster scripts in test/tap (dump/restore, workers)
+#
+# Run as root (CI, fresh machine): installs Debian packages, builds and
+# installs the extension, then re-runs itself as the postgres user on a copy
+# of the tree (initdb refuses root).  Run as any other user, it expects the
+# extension to be installed already and only runs the tests.
+#
+# Environment: OD_TEST_PORT (default 54329) for the throwaway cluster used by
+# pg_regress and isolation; OD_TEST_LAYERS (default "unit regress isolation tap").
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PGBIN=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
+
+if [ "$(id -u)" = 0 ] && [ -z "${OD_TEST_AS_POSTGRES:-}" ]; then
+    "$ROOT/test/install_deps.sh" || exit 1
+    PGBIN=$(pg_config --bindir)
+    make -C "$ROOT" -s -j2 >/dev/null && make -C "$ROOT" -s install >/dev/null || { echo "build failed"; exit 1; }
+    make -C "$ROOT" -s test/unit/unit_tests >/dev/null || { echo "unit test build failed"; exit 1; }
+    WORK=$(mktemp -d /tmp/outbox_tests.XXXXXX)
+    tar -C "$ROOT" --exclude=.git -cf - . | tar -C "$WORK" -xf -
+    chown -R postgres:postgres "$WORK"
+    su postgres -s /bin/bash -c "OD_TEST_AS_POSTGRES=1 OD_TEST_PORT='${OD_TEST_PORT:-}' OD_TEST_LAYERS='${OD_TEST_LAYERS:-}' PATH='$PGBIN:$PATH' bash '$WORK/test/run_all.sh'"
+    rc=$?
+    [ $rc = 0 ] && rm -rf "$WORK" || echo "test artifacts kept in $WORK"
+    exit $rc
+fi
+
+cd "$ROOT"
+export PATH="$PGBIN:$PATH"
+PORT=${OD_TEST_PORT:-54329}
+LAYERS=${OD_TEST_LAYERS:-unit regress isolation tap}
+PGXS_DIR=$(dirname "$(pg_config --pgxs)")/..
+PG_REGRESS_BIN="$PGXS_DIR/src/test/regress/pg_regress"
+PG_ISOLATION_BIN="$PGXS_DIR/src/test/isolation/pg_isolation_regress"
+PERL_LIB="$PGXS_DIR/src/test/perl"
+
+passed=0
+failed=0
+summary=()
+
+count() {   # layer passed failed
+    passed=$((passed + $2)); failed=$((failed + $3))
+    summary+=("$(printf '%-10s %4d passed, %d failed' "$1" "$2" "$3")")
+}
+
+has_layer() { [[ " $LAYERS " == *" $1 "* ]]; }
+
+# ------------------------------------------------------------------ unit
+if has_layer unit; then
+    echo "== unit (GoogleTest)"
+    [ -x test/unit/unit_tests ] || make -s test/unit/unit_tests >/dev/null
+    ./test/unit/unit_tests --gtest_color=no > unit.log 2>&1
+    rc=$?
+    p=$(grep -c '^\[       OK \]' unit.log)
+    f=$(grep -c '^\[  FAILED  \] [A-Za-z].*\.' unit.log)
+    f=$(( f / 2 ))   # gtest lists each failed test twice (at run time and in the summary)
+    [ $rc != 0 ] && [ "$f" = 0 ] && f=1
+    [ "$f" != 0 ] && cat unit.log
+    echo "   $p passed, $f failed"
+    count unit "$p" "$f"
+fi
+
+# ------------------------------------------------------------------ throwaway cluster
+CLUSTER=""
+stop_cluster() { [ -n "$CLUSTER" ] && pg_ctl -D "$CLUSTER/data" -m immediate -w stop >/dev/null 2>&1; }
+trap stop_cluster EXIT
+
+if has_layer regress || has_layer isolation; then
+    CLUSTER=$(mktemp -d /tmp/outbox_cluster.XXXXXX)
+    initdb -D "$CLUSTER/data" -A trust -U postgres >/dev/null || exit 1
+    cat >> "$CLUSTER/data/postgresql.conf" <<EOC
+shared_preload_libraries = 'outbox_dispatcher'
+port = $PORT
+listen_addresses = ''
+unix_socket_directories = '$CLUSTER'
+fsync = off
+max_prepared_transactions = 10
+EOC
+    pg_ctl -D "$CLUSTER/data" -l "$CLUSTER/log" -w start >/dev/null || { cat "$CLUSTER/log"; exit 1; }
+fi
+
+run_pg_regress() {  # layer bin outdir inputdir tests...
+    local layer=$1 bin=$2 out=$3 in=$4; shift 4
+    rm -rf "$out"; mkdir -p "$out"
+    "$bin" --host="$CLUSTER" --port="$PORT" --bindir="$PGBIN" --inputdir="$in" --outputdir="$out" \
+        "$@" > "$out/run.log" 2>&1
+    cat "$out/run.log"
+    local p f
+    p=$(grep -cE '\.\.\. ok( |$)' "$out/run.log")
+    f=$(grep -cE '\.\.\. FAILED' "$out/run.log")
+    [ "$p" = 0 ] && [ "$f" = 0 ] && f=1   # pg_regress itself failed
+    [ "$f" != 0 ] && [ -f "$out/regression.diffs" ] && cat "$out/regression.diffs"
+    count "$layer" "$p" "$f"
+}
+
+if has_layer regress; then
+    echo "== regress (pg_regress)"
+    tests=$(make -s print-regress)
+    run_pg_regress regress "$PG_REGRESS_BIN" "$ROOT/results" "$ROOT" --dbname=contrib_regression $tests
+fi
+
+if has_layer isolation; then
+    echo "== isolation (isolationtester)"
+    specs=$(grep -v '^\s*#' test/isolation/specs.list | xargs)
+    run_pg_regress isolation "$PG_ISOLATION_BIN" "$ROOT/output_iso" "$ROOT/test/isolation" \
+        --dbname=isolation_regression $specs
+fi
+
+stop_cluster; CLUSTER=""
+
+# ------------------------------------------------------------------ TAP
+if has_layer tap; then
+    echo "== tap (PostgreSQL::Test::Cluster)"
+    export PG_REGRESS="$PG_REGRESS_BIN"
+    p=0; f=0
+    for t in test/tap/*.pl; do
+        [ -e "$t" ] || continue
+        log="tmp_check/$(basename "$t" .pl).log"
+        mkdir -p tmp_check
+        perl -I "$PERL_LIB" -I test/tap "$t" > "$log" 2>&1
+        rc=$?
+        tp=$(grep -cE '^ok [0-9]+' "$log")
+        tf=$(grep -cE '^not ok [0-9]+' "$log")
+        [ $rc != 0 ] && [ "$tf" = 0 ] && tf=1
+        echo "   $t: $tp passed, $tf failed"
+        [ "$tf" != 0 ] && { tail -n 60 "$log"; ls tmp_check/log 2>/dev/null; }
+        p=$((p + tp)); f=$((f + tf))
+    done
+    count tap "$p" "$f"
+fi
+
+echo
+printf '%s\n' "${summary[@]}"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ] && [ "$passed" -gt 0 ]

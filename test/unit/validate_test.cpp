@@ -1,0 +1,150 @@
+// Unit tests for src/core/validate.cpp: URL, header and secret checks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "core/validate.hpp"
+
+namespace {
+
+const char *url(const std::string &s) { return od::check_url(s.data(), s.size()); }
+const char *hname(const std::string &s) { return od::check_header_name(s.data(), s.size()); }
+const char *hvalue(const std::string &s) { return od::check_header_value(s.data(), s.size()); }
+const char *secret(const std::string &s) { return od::check_signing_secret(s.data(), s.size()); }
+bool reserved(const std::string &s) { return od::header_name_is_reserved(s.data(), s.size()); }
+
+TEST(Url, AcceptsHttpAndHttps) {
+    EXPECT_EQ(url("http://example.com"), nullptr);
+    EXPECT_EQ(url("https://example.com/hooks/orders?x=1&y=2"), nullptr);
+    EXPECT_EQ(url("HTTPS://Example.COM:8443/a"), nullptr);
+    EXPECT_EQ(url("http://127.0.0.1:8080/hook"), nullptr);
+    EXPECT_EQ(url("http://[::1]:8080/hook"), nullptr);
+    EXPECT_EQ(url("http://[2001:db8::1]/"), nullptr);
+    EXPECT_EQ(url("http://host/path%20with%20escapes"), nullptr);
+}
+
+TEST(Url, RejectsOtherSchemes) {
+    EXPECT_NE(url("ftp://example.com/"), nullptr);
+    EXPECT_NE(url("file:///etc/passwd"), nullptr);
+    EXPECT_NE(url("javascript:alert(1)"), nullptr);
+    EXPECT_NE(url("example.com/hook"), nullptr);
+    EXPECT_NE(url("http:/example.com"), nullptr);
+    EXPECT_NE(url(""), nullptr);
+}
+
+TEST(Url, RejectsWhitespaceAndControlCharacters) {
+    EXPECT_NE(url("http://example.com/a b"), nullptr);
+    EXPECT_NE(url("http://example.com/a\tb"), nullptr);
+    EXPECT_NE(url("http://example.com/\r\nHost: evil"), nullptr);
+    EXPECT_NE(url(std::string("http://example.com/\0x", 21)), nullptr);
+    EXPECT_NE(url("http://example.com/\x7f"), nullptr);
+    EXPECT_NE(url(" http://example.com/"), nullptr);
+    EXPECT_NE(url("http://exämple.com/"), nullptr);
+}
+
+TEST(Url, RejectsUserinfoFragmentsAndBadAuthorities) {
+    EXPECT_STREQ(url("http://user:pw@example.com/"),
+                 "must not contain user information (put credentials in the endpoint's headers)");
+    EXPECT_EQ(url("http://example.com/a@b"), nullptr);  // '@' in the path is fine
+    EXPECT_STREQ(url("http://example.com/a#frag"), "must not contain a fragment");
+    EXPECT_STREQ(url("http:///path"), "has no host");
+    EXPECT_STREQ(url("http://:80/"), "has no host");
+    EXPECT_STREQ(url("http://example.com:/"), "has an empty port");
+    EXPECT_STREQ(url("http://example.com:0/"), "has a port outside 1-65535");
+    EXPECT_STREQ(url("http://example.com:65536/"), "has a port outside 1-65535");
+    EXPECT_STREQ(url("http://example.com:80a/"), "has a non-numeric port");
+    EXPECT_NE(url("http://[::1/"), nullptr);
+    EXPECT_NE(url("http://[zz::1]/"), nullptr);
+    EXPECT_NE(url("http://[::1]x/"), nullptr);
+    EXPECT_NE(url("http://exa<mple.com/"), nullptr);
+}
+
+TEST(Url, LengthLimit) {
+    std::string base = "http://example.com/";
+    EXPECT_EQ(url(base + std::string(od::kMaxUrlLength - base.size(), 'a')), nullptr);
+    EXPECT_NE(url(base + std::string(od::kMaxUrlLength - base.size() + 1, 'a')), nullptr);
+}
+
+TEST(Url, IsHttps) {
+    EXPECT_TRUE(od::url_is_https("https://x", 9));
+    EXPECT_TRUE(od::url_is_https("HTTPS://x", 9));
+    EXPECT_FALSE(od::url_is_https("http://x", 8));
+}
+
+TEST(HeaderName, Tokens) {
+    EXPECT_EQ(hname("Authorization"), nullptr);
+    EXPECT_EQ(hname("X-Api-Key_2"), nullptr);
+    EXPECT_EQ(hname("a!#$%&'*+-.^_`|~z"), nullptr);
+    EXPECT_STREQ(hname(""), "is empty");
+    EXPECT_STREQ(hname("X-A\r\nB"), "contains a carriage return or line feed");
+    EXPECT_NE(hname("X A"), nullptr);
+    EXPECT_NE(hname("X:A"), nullptr);
+    EXPECT_NE(hname("X(A)"), nullptr);
+    EXPECT_NE(hname("Xé"), nullptr);
+    EXPECT_NE(hname(std::string(257, 'a')), nullptr);
+}
+
+TEST(HeaderName, Reserved) {
+    EXPECT_TRUE(reserved("Content-Length"));
+    EXPECT_TRUE(reserved("content-type"));
+    EXPECT_TRUE(reserved("HOST"));
+    EXPECT_TRUE(reserved("Idempotency-Key"));
+    EXPECT_TRUE(reserved("ce-id"));
+    EXPECT_TRUE(reserved("CE-Source"));
+    EXPECT_TRUE(reserved("webhook-signature"));
+    EXPECT_TRUE(reserved("X-Outbox-Attempt"));
+    EXPECT_FALSE(reserved("Authorization"));
+    EXPECT_FALSE(reserved("X-Trace"));
+    EXPECT_FALSE(reserved("cel"));
+}
+
+TEST(HeaderValue, ControlCharacters) {
+    EXPECT_EQ(hvalue(""), nullptr);
+    EXPECT_EQ(hvalue("Bearer abc.def"), nullptr);
+    EXPECT_EQ(hvalue("tab\tok"), nullptr);
+    EXPECT_EQ(hvalue("caf\xc3\xa9"), nullptr);
+    EXPECT_STREQ(hvalue("a\r\nX-Evil: 1"), "contains a carriage return or line feed");
+    EXPECT_STREQ(hvalue("a\nb"), "contains a carriage return or line feed");
+    EXPECT_STREQ(hvalue("a\rb"), "contains a carriage return or line feed");
+    EXPECT_STREQ(hvalue(std::string("a\0b", 3)), "contains a control character");
+    EXPECT_STREQ(hvalue("a\x1b"), "contains a control character");
+    EXPECT_STREQ(hvalue("a\x7f"), "contains a control character");
+    EXPECT_NE(hvalue(std::string(8193, 'v')), nullptr);
+}
+
+TEST(Base64, RoundTrip) {
+    const unsigned char data[] = {0, 1, 2, 250, 251, 252, 253, 254, 255, 42};
+    for (std::size_t n = 0; n <= sizeof data; n++) {
+        char enc[32];
+        unsigned char dec[32];
+        std::size_t elen = od::base64_encode(data, n, enc);
+        EXPECT_EQ(elen, 4 * ((n + 2) / 3));
+        long dlen = od::base64_decode(enc, elen, dec);
+        ASSERT_EQ(dlen, static_cast<long>(n));
+        EXPECT_EQ(std::memcmp(dec, data, n), 0);
+    }
+}
+
+TEST(Base64, KnownVectorsAndErrors) {
+    char enc[16];
+    std::size_t n = od::base64_encode(reinterpret_cast<const unsigned char *>("foobar"), 6, enc);
+    EXPECT_EQ(std::string(enc, n), "Zm9vYmFy");
+    n = od::base64_encode(reinterpret_cast<const unsigned char *>("fo"), 2, enc);
+    EXPECT_EQ(std::string(enc, n), "Zm8=");
+    unsigned char out[16];
+    EXPECT_EQ(od::base64_decode("Zm8", 3, out), 2);  // padding optional
+    EXPECT_EQ(od::base64_decode("Z", 1, out), -1);
+    EXPECT_EQ(od::base64_decode("Zm9v!", 5, out), -1);
+}
+
+TEST(SigningSecret, StandardWebhooksFormat) {
+    // The example secret of the Standard Webhooks specification (24 bytes).
+    EXPECT_EQ(secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), nullptr);
+    EXPECT_STREQ(secret("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), "must start with \"whsec_\"");
+    EXPECT_STREQ(secret("whsec_not base64!!"), "is not valid base64 after \"whsec_\"");
+    EXPECT_STREQ(secret("whsec_c2hvcnQ="), "is shorter than 16 bytes once decoded");
+    EXPECT_NE(secret("whsec_" + std::string(400, 'A')), nullptr);
+}
+
+}  // namespace
