@@ -564,10 +564,21 @@ wait_for_events(long timeout_ms)
     }
     if (curl_ms >= 0 && (timeout_ms < 0 || curl_ms < timeout_ms))
         timeout_ms = curl_ms;
+    if (disp->engine().completed() > 0)
+        timeout_ms = 0;     /* transfers finished while being kicked: do not sleep on them */
     if (disp->engine().sockets_changed() || wait_set == nullptr)
         rebuild_wait_set();
+    if (getenv("OD_DEBUG"))
+        elog(LOG, "dbg prewait timeout=%ld curl_ms=%ld inflight=%zu queued=%zu outcomes=%zu", timeout_ms, curl_ms, disp->in_flight(), disp->queued(), disp->outcomes().size());
 
     nev = WaitEventSetWait(wait_set, timeout_ms, events, lengthof(events), PG_WAIT_EXTENSION);
+    {
+        static int dbg = 0;
+        if (getenv("OD_DEBUG") && dbg++ < 100000)
+            elog(LOG, "dbg wait timeout=%ld nev=%d ev0=%x fd0=%d inflight=%zu outcomes=%zu socks=%zu",
+                 timeout_ms, nev, nev ? events[0].events : 0, nev ? events[0].fd : -1, disp->in_flight(),
+                 disp->outcomes().size(), disp->engine().sockets().size());
+    }
     for (int i = 0; i < nev; i++)
     {
         if (events[i].events & WL_LATCH_SET)
@@ -720,6 +731,8 @@ od_worker_main(Datum arg)
 
                 woken = false;
                 n = do_claim(room);
+                if (getenv("OD_DEBUG"))
+                    elog(LOG, "dbg claim room=%d got=%d outstanding=%d woken=%d full=%d queued=%zu inflight=%zu ep_inflight=%zu sent", room, n, outstanding, (int) woken, (int) last_claim_full, disp->queued(), disp->in_flight(), disp->endpoint_in_flight());
                 last_claim_full = (n == room);
                 next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
             }
@@ -758,19 +771,20 @@ od_worker_main(Datum arg)
             set_state(OD_STATE_DELIVERING);
         else if (ext_ready && od_enabled)
             set_state(OD_STATE_IDLE);
-        if (!disp->outcomes().empty())
-            timeout = FLUSH_AFTER_MS;
-        else if (ext_ready && od_enabled && last_claim_full && (int) disp->outstanding() <= od_batch_size / 2)
-            timeout = 0;
-        else
         {
-            TimestampTz until = Min(next_poll, next_refresh);
+            bool can_claim = ext_ready && od_enabled &&
+                (od_batch_size - (int) disp->outstanding()) >= Max(1, od_batch_size / 2);
+            TimestampTz until = next_refresh;
 
+            if (can_claim)
+                until = Min(until, last_claim_full ? now : next_poll);
+            if (!disp->outcomes().empty())
+                until = Min(until, TimestampTzPlusMilliseconds(oldest_outcome_at, FLUSH_AFTER_MS));
+            if (worker_index == 0 && ext_ready && od_retention_s > 0)
+                until = Min(until, next_purge);
             if (now < retry_not_before)
-                until = retry_not_before;
+                until = Max(until, retry_not_before);
             timeout = until <= now ? 0 : (long) ((until - now + 999) / 1000);
-            if (timeout > od_poll_interval_ms)
-                timeout = od_poll_interval_ms;
         }
 
         if (wait_for_events(timeout))

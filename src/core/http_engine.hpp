@@ -78,6 +78,9 @@ public:
 
     std::size_t in_flight() const noexcept { return running_.size(); }
 
+    /* Finished transfers waiting for drain(). */
+    std::size_t completed() const noexcept { return done_.size(); }
+
     /* Sockets to watch; sockets_changed() is true once after any change. */
     const std::vector<HttpSocket> &sockets() noexcept;
     bool sockets_changed() const noexcept { return sockets_dirty_; }
