@@ -30,7 +30,11 @@
  *   claim order.
  *
  * Finalize (od_finalize): one UPDATE for any number of results, each fenced
- * on (id, status = 'processing', lease_version).  A result whose row was not
+ * on (id, status = 'processing', lease_version).  The status test is written
+ * "(status = 'processing') IS TRUE" (same meaning: status is NOT NULL) so
+ * that the planner cannot match it to messages_leased and walk that whole
+ * index (and its not-yet-vacuumed entries): the join must probe the primary
+ * key once per result.  A result whose row was not
  * updated lost its lease to a newer claim (or to the reaper): it is counted
  * in shared memory and logged; the newer owner's state stands.
  */
@@ -109,7 +113,7 @@ static const char *const SQL_FINALIZE =
     "       lease_owner = NULL, lease_until = NULL"
     "  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[], $6::int[], $7::bool[])"
     "       AS r(id, ver, status, delay, error, http_status, refund)"
-    " WHERE m.id = r.id AND m.status = 'processing' AND m.lease_version = r.ver "
+    " WHERE m.id = r.id AND m.lease_version = r.ver AND (m.status = 'processing') IS TRUE "
     "RETURNING m.id";
 
 static const char *const SQL_RETRY =

@@ -568,17 +568,9 @@ wait_for_events(long timeout_ms)
         timeout_ms = 0;     /* transfers finished while being kicked: do not sleep on them */
     if (disp->engine().sockets_changed() || wait_set == nullptr)
         rebuild_wait_set();
-    if (getenv("OD_DEBUG"))
-        elog(LOG, "dbg prewait timeout=%ld curl_ms=%ld inflight=%zu queued=%zu outcomes=%zu", timeout_ms, curl_ms, disp->in_flight(), disp->queued(), disp->outcomes().size());
 
     nev = WaitEventSetWait(wait_set, timeout_ms, events, lengthof(events), PG_WAIT_EXTENSION);
-    {
-        static int dbg = 0;
-        if (getenv("OD_DEBUG") && dbg++ < 100000)
-            elog(LOG, "dbg wait timeout=%ld nev=%d ev0=%x fd0=%d inflight=%zu outcomes=%zu socks=%zu",
-                 timeout_ms, nev, nev ? events[0].events : 0, nev ? events[0].fd : -1, disp->in_flight(),
-                 disp->outcomes().size(), disp->engine().sockets().size());
-    }
+
     for (int i = 0; i < nev; i++)
     {
         if (events[i].events & WL_LATCH_SET)
@@ -731,8 +723,6 @@ od_worker_main(Datum arg)
 
                 woken = false;
                 n = do_claim(room);
-                if (getenv("OD_DEBUG"))
-                    elog(LOG, "dbg claim room=%d got=%d outstanding=%d woken=%d full=%d queued=%zu inflight=%zu ep_inflight=%zu sent", room, n, outstanding, (int) woken, (int) last_claim_full, disp->queued(), disp->in_flight(), disp->endpoint_in_flight());
                 last_claim_full = (n == room);
                 next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
             }

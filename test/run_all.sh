@@ -36,7 +36,7 @@ cd "$ROOT"
 export PATH="$PGBIN:$PATH"
 PORT=${OD_TEST_PORT:-54329}
 LAYERS=${OD_TEST_LAYERS:-unit regress isolation tap}
-PGXS_DIR=$(dirname "$(pg_config --pgxs)")/..
+PGXS_DIR=$(cd "$(dirname "$(pg_config --pgxs)")/../.." && pwd)
 PG_REGRESS_BIN="$PGXS_DIR/src/test/regress/pg_regress"
 PG_ISOLATION_BIN="$PGXS_DIR/src/test/isolation/pg_isolation_regress"
 PERL_LIB="$PGXS_DIR/src/test/perl"

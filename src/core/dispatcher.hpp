@@ -104,13 +104,6 @@ public:
 
     HttpEngine &engine() noexcept { return engine_; }
 
-    /* Sum of per-endpoint in-flight counters (for consistency checks). */
-    std::size_t endpoint_in_flight() const noexcept {
-        std::size_t n = 0;
-        for (const auto &kv : endpoints_) n += static_cast<std::size_t>(kv.second.in_flight);
-        return n;
-    }
-
     /*
      * Shutdown: abort every transfer in flight and turn it, and every queued
      * message, into a Retry outcome with the attempt refunded and no delay,
