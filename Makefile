@@ -50,3 +50,7 @@ test-all:
 	./test/run_all.sh
 
 .PHONY: print-regress test-all
+
+# PGXS does not track header dependencies: rebuild every object when a
+# shared header changes (the shared-memory layout lives in one of them).
+$(OBJS): src/outbox_dispatcher.h $(wildcard src/core/*.hpp)

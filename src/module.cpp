@@ -73,6 +73,7 @@ od_shmem_startup(void)
 
             pg_atomic_init_u32(&w->state, OD_STATE_STOPPED);
             pg_atomic_init_u32(&w->in_flight, 0);
+            pg_atomic_init_u32(&w->idle, 0);
             pg_atomic_uint64 *counters[] = {&w->claimed, &w->delivered, &w->retried, &w->deferred,
                                             &w->dead, &w->reaped, &w->lost_leases, &w->cycles,
                                             &w->latency_count, &w->latency_sum_us, &w->latency_max_us};

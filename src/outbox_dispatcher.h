@@ -70,6 +70,7 @@ typedef struct OdWorkerSlot
     pid_t            pid;           /* 0 = no worker */
     Latch           *latch;         /* the worker's process latch, for wakes */
     pg_atomic_uint32 state;         /* OdWorkerState */
+    pg_atomic_uint32 idle;          /* 1 while waiting with an empty pipeline */
     pg_atomic_uint32 in_flight;
     TimestampTz      started_at;
     pg_atomic_uint64 claimed;

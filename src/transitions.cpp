@@ -70,7 +70,7 @@ static const char *const SQL_REAP =
     "   SET status = 'dead', lease_owner = NULL, lease_until = NULL,"
     "       last_error = format('lease expired on attempt %s of %s (worker crashed or the request outlived its lease)',"
     "                           m.attempts, $1)"
-    "  FROM expired WHERE m.id = expired.id";
+    " WHERE m.id = ANY (ARRAY(SELECT id FROM expired))";
 
 static const char *const SQL_CLAIM =
     "WITH picked AS ("
@@ -93,7 +93,7 @@ static const char *const SQL_CLAIM =
     "UPDATE outbox.messages AS o"
     "   SET status = 'processing', lease_owner = $1, lease_until = now() + $3,"
     "       lease_version = o.lease_version + 1, attempts = o.attempts + 1"
-    "  FROM picked WHERE o.id = picked.id "
+    " WHERE o.id = ANY (ARRAY(SELECT id FROM picked)) "
     "RETURNING o.id, o.lease_version, o.attempts, o.endpoint, o.aggregate_type, o.aggregate_id,"
     "          o.event_type, o.payload, o.headers, o.ordered, o.created_at";
 
@@ -141,7 +141,7 @@ static const char *const SQL_PURGE =
     "   WHERE status = 'done' AND done_at < now() - $1"
     "   ORDER BY done_at LIMIT $2"
     "     FOR UPDATE SKIP LOCKED) "
-    "DELETE FROM outbox.messages AS m USING old WHERE m.id = old.id";
+    "DELETE FROM outbox.messages AS m WHERE m.id = ANY (ARRAY(SELECT id FROM old))";
 
 static const char *const SQL_ENDPOINT_STATE =
     "SELECT enabled FROM outbox.endpoints WHERE name = $1";
@@ -151,12 +151,21 @@ static const char *const SQL_ENQUEUE =
     "   (aggregate_type, aggregate_id, event_type, payload, endpoint, ordered, available_at, headers)"
     " VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, now()), $8) RETURNING id";
 
+/*
+ * Prepare and keep a plan.  Statements whose best plan depends on the batch
+ * size and on the table's current size (claim, reap, purge: ORDER BY ...
+ * LIMIT $n) are always planned with their actual parameters
+ * (CURSOR_OPT_CUSTOM_PLAN): a generic plan cached while the queue was empty
+ * estimates LIMIT $n as a tenth of the table and, once the table has grown,
+ * sorts the whole ready set — seconds per claim.  Finalize has one shape
+ * (probe the primary key per result) and keeps a generic plan.
+ */
 static SPIPlanPtr
-od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
+od_prepare_opts(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes, int cursor_options)
 {
     if (*slot == nullptr)
     {
-        SPIPlanPtr plan = SPI_prepare(sql, nargs, const_cast<Oid *>(argtypes));
+        SPIPlanPtr plan = SPI_prepare_cursor(sql, nargs, const_cast<Oid *>(argtypes), cursor_options);
 
         if (plan == nullptr)
             elog(ERROR, "outbox_dispatcher: SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
@@ -165,6 +174,18 @@ od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
         *slot = plan;
     }
     return *slot;
+}
+
+static SPIPlanPtr
+od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
+{
+    return od_prepare_opts(slot, sql, nargs, argtypes, 0);
+}
+
+static SPIPlanPtr
+od_prepare_custom(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
+{
+    return od_prepare_opts(slot, sql, nargs, argtypes, CURSOR_OPT_CUSTOM_PLAN);
 }
 
 int64
@@ -194,8 +215,8 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts)
     uint64      reaped;
     int         rc;
 
-    od_prepare(&plan_reap, SQL_REAP, 2, reap_types);
-    od_prepare(&plan_claim, SQL_CLAIM, 4, claim_types);
+    od_prepare_custom(&plan_reap, SQL_REAP, 2, reap_types);
+    od_prepare_custom(&plan_claim, SQL_CLAIM, 4, claim_types);
 
     args[0] = Int32GetDatum(max_attempts);
     args[1] = Int32GetDatum(batch);
@@ -377,7 +398,7 @@ od_purge(int64 older_than_us, int limit)
     char        nulls[2] = {' ', limit > 0 ? ' ' : 'n'};
     int         rc;
 
-    od_prepare(&plan_purge, SQL_PURGE, 2, types);
+    od_prepare_custom(&plan_purge, SQL_PURGE, 2, types);
     rc = SPI_execute_plan(plan_purge, args, nulls, false, 0);
     if (rc != SPI_OK_DELETE)
         elog(ERROR, "outbox_dispatcher: purge failed: %s", SPI_result_code_string(rc));
@@ -419,7 +440,9 @@ od_enqueue(Datum *values, bool *nulls)
     for (int i = 0; i < 8; i++)
         cnulls[i] = nulls[i] ? 'n' : ' ';
     od_prepare(&plan_enqueue, SQL_ENQUEUE, 8, ins_types);
-    rc = SPI_execute_plan(plan_enqueue, values, cnulls, false, 1);
+    /* tcount 0: with a row limit the executor would stop before the
+     * ModifyTable node ends and the AFTER STATEMENT wake trigger would not fire */
+    rc = SPI_execute_plan(plan_enqueue, values, cnulls, false, 0);
     if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
         elog(ERROR, "outbox_dispatcher: enqueue failed: %s", SPI_result_code_string(rc));
     return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));

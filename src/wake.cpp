@@ -4,11 +4,9 @@
  * A statement-level AFTER INSERT trigger on outbox.messages (and wake(),
  * and the operator functions that make messages ready) only raise a
  * backend-local flag.  A transaction callback, registered once per backend,
- * sets every running worker's latch when a transaction with the flag
+ * wakes the workers (od_wake_workers) when a transaction with the flag
  * commits and clears the flag when it aborts: an aborted transaction wakes
  * nobody, and any number of inserts in one transaction cost one wake.
- * Workers that are busy simply find their latch set when they next wait, so
- * commits that land while they deliver are claimed right after.
  *
  * Locking: none.  Latch pointers live in the worker slots in shared memory;
  * SetLatch on a slot whose worker just exited is harmless (a spurious wake
@@ -28,12 +26,36 @@ PG_FUNCTION_INFO_V1(od_wake_trigger);
 static bool wake_pending = false;
 static bool callback_registered = false;
 
+/*
+ * Wake one idle worker if there is one: it claims what was committed, and
+ * the others stay asleep instead of racing it for the same rows.  When no
+ * worker is idle, every worker's latch is set: busy workers then claim again
+ * as soon as their pipeline has room, so no commit waits for poll_interval.
+ * A worker raises its idle flag only right before it sleeps with nothing in
+ * flight, and the latch is level-triggered, so no wake is lost.
+ */
 void
 od_wake_workers(void)
 {
+    int n;
+
     if (od_shared == nullptr)
         return;
-    for (int i = 0; i < od_workers && i < OD_MAX_WORKERS; i++)
+    n = Min(od_workers, OD_MAX_WORKERS);
+    for (int i = 0; i < n; i++)
+    {
+        OdWorkerSlot *w = &od_shared->workers[i];
+        Latch        *latch = w->latch;
+        uint32        expected = 1;
+
+        if (w->pid != 0 && latch != nullptr &&
+            pg_atomic_compare_exchange_u32(&w->idle, &expected, 0))
+        {
+            SetLatch(latch);
+            return;
+        }
+    }
+    for (int i = 0; i < n; i++)
     {
         OdWorkerSlot *w = &od_shared->workers[i];
         Latch        *latch = w->latch;

@@ -714,7 +714,9 @@ od_worker_main(Datum arg)
         batch = od_batch_size;
         if (ext_ready && od_enabled && now >= retry_not_before)
         {
-            int outstanding = (int) disp->outstanding();
+            /* everything we hold is still 'processing': queued, in flight, or
+             * finished but not yet finalized */
+            int outstanding = (int) (disp->outstanding() + disp->outcomes().size());
             int room = batch - outstanding;
 
             if (room >= Max(1, batch / 2) && (woken || last_claim_full || now >= next_poll))
@@ -763,7 +765,7 @@ od_worker_main(Datum arg)
             set_state(OD_STATE_IDLE);
         {
             bool can_claim = ext_ready && od_enabled &&
-                (od_batch_size - (int) disp->outstanding()) >= Max(1, od_batch_size / 2);
+                (od_batch_size - (int) (disp->outstanding() + disp->outcomes().size())) >= Max(1, od_batch_size / 2);
             TimestampTz until = next_refresh;
 
             if (can_claim)
@@ -777,8 +779,12 @@ od_worker_main(Datum arg)
             timeout = until <= now ? 0 : (long) ((until - now + 999) / 1000);
         }
 
+        /* idle: nothing queued, in flight or to finalize — wakes may pick us alone */
+        if (timeout != 0 && disp->outstanding() == 0 && disp->outcomes().empty())
+            pg_atomic_write_u32(&slot->idle, 1);
         if (wait_for_events(timeout))
             woken = true;
+        pg_atomic_write_u32(&slot->idle, 0);
         CHECK_FOR_INTERRUPTS();
         disp->collect(unix_seconds(GetCurrentTimestamp()));
     }
