@@ -54,3 +54,10 @@ test-all:
 # PGXS does not track header dependencies: rebuild every object when a
 # shared header changes (the shared-memory layout lives in one of them).
 $(OBJS): src/outbox_dispatcher.h $(wildcard src/core/*.hpp)
+
+# The main job: a throwaway cluster, a local endpoint, messages flowing,
+# a live summary.  See test/demo.sh.
+demo:
+	./test/demo.sh
+
+.PHONY: demo

@@ -704,7 +704,8 @@ od_worker_main(Datum arg)
 
         now = GetCurrentTimestamp();
         pg_atomic_fetch_add_u64(&slot->cycles, 1);
-        if (now >= retry_not_before && now >= next_refresh)
+        /* a wake while the extension is missing may mean CREATE EXTENSION just committed */
+        if (now >= retry_not_before && (now >= next_refresh || (woken && !ext_ready)))
         {
             refresh_endpoints();
             next_refresh = TimestampTzPlusMilliseconds(now, od_poll_interval_ms);
