@@ -21,6 +21,7 @@
  *   messages_open    (aggregate_type, aggregate_id, id) WHERE status <> 'done'
  *                                                        -- ordered head check
  *   messages_done    (done_at)          WHERE done       -- retention purge
+ *   messages_dead    (endpoint, id)     WHERE dead       -- dead letters, retry_dead
  */
 
 \echo Use "CREATE EXTENSION outbox_dispatcher" to load this file. \quit

@@ -1,11 +1,11 @@
 /*
- * module.cpp — library entry point: GUCs and shared memory.
+ * module.cpp — library entry point: GUCs, shared memory, worker registration.
  *
  * outbox_dispatcher must be listed in shared_preload_libraries: _PG_init
- * then reserves a small shared-memory segment (counters now; worker slots
- * and wake latches once the workers exist) and registers the GUCs.  Loaded
- * any other way (a plain CREATE EXTENSION without preloading), the SQL API
- * still works but nothing is counted in shared memory.
+ * then registers the GUCs (some are postmaster-level), reserves the shared
+ * memory (global counters and one slot per worker: latch, state, counters,
+ * last error) and registers the background workers.  Loading the library
+ * any other way fails with a clear error.
  *
  * Locking: counters are atomics written by one worker each; a worker's
  * last_error is under its slot spinlock.  No lock is taken on a hot path.
@@ -164,10 +164,13 @@ od_define_gucs(void)
 extern "C" void
 _PG_init(void)
 {
-    od_define_gucs();
-
     if (!process_shared_preload_libraries_in_progress)
-        return;
+        ereport(ERROR,
+                (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                 errmsg("outbox_dispatcher must be loaded via shared_preload_libraries"),
+                 errhint("Add outbox_dispatcher to shared_preload_libraries in postgresql.conf and restart the server.")));
+
+    od_define_gucs();
 
     prev_shmem_request_hook = shmem_request_hook;
     shmem_request_hook = od_shmem_request;

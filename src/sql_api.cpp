@@ -267,6 +267,8 @@ od_skip_sql(PG_FUNCTION_ARGS)
     SPI_connect();
     ok = od_skip(PG_GETARG_INT64(0), text_to_cstring(PG_GETARG_TEXT_PP(1)));
     SPI_finish();
+    if (ok)
+        od_wake_at_commit();    /* may unblock an ordered aggregate */
     PG_RETURN_BOOL(ok);
 }
 

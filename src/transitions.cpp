@@ -2,8 +2,8 @@
  * transitions.cpp — the message state machine, implemented once.
  *
  * Every state change of outbox.messages goes through this file, whether it
- * comes from a SQL function (sql_api.cpp) or, later, from a background
- * worker: same statements, same fencing, same counters.
+ * comes from a SQL function (sql_api.cpp) or from a background worker
+ * (worker.cpp): same statements, same fencing, same counters.
  *
  * Statements are prepared once per backend with SPI_prepare and kept with
  * SPI_keepplan; the plan cache revalidates them after DDL.  All times are

@@ -21,11 +21,40 @@ extern "C" {
 #include "commands/trigger.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "lib/stringinfo.h"
 #include "utils/jsonb.h"
 #include "utils/rel.h"
 
 PG_FUNCTION_INFO_V1(od_message_check);
 PG_FUNCTION_INFO_V1(od_endpoint_check);
+}
+
+/*
+ * Quote user input for an error message: control characters are shown as
+ * \r, \n, \t or \xNN so that a rejected CR/LF never reaches the log raw.
+ */
+static char *
+printable(const char *s, size_t len)
+{
+    StringInfoData buf;
+
+    initStringInfo(&buf);
+    for (size_t i = 0; i < len; i++)
+    {
+        unsigned char c = (unsigned char) s[i];
+
+        if (c == '\r')
+            appendStringInfoString(&buf, "\\r");
+        else if (c == '\n')
+            appendStringInfoString(&buf, "\\n");
+        else if (c == '\t')
+            appendStringInfoString(&buf, "\\t");
+        else if (c < 0x20 || c == 0x7f)
+            appendStringInfo(&buf, "\\x%02X", c);
+        else
+            appendStringInfoChar(&buf, (char) c);
+    }
+    return buf.data;
 }
 
 static TriggerData *
@@ -108,7 +137,7 @@ check_headers_object(Jsonb *jb, const char *what)
 
         if (tok == WJB_KEY)
         {
-            name = pnstrdup(v.val.string.val, v.val.string.len);
+            name = printable(v.val.string.val, v.val.string.len);
             problem = od::check_header_name(v.val.string.val, v.val.string.len);
             if (problem)
                 ereport(ERROR,
@@ -209,7 +238,7 @@ od_endpoint_check(PG_FUNCTION_ARGS)
             ereport(ERROR,
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                      errmsg("endpoint URL %s", problem),
-                     errdetail("The URL given is \"%s\".", text_to_cstring(t)),
+                     errdetail("The URL given is \"%s\".", printable(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t))),
                      errhint("Only http:// and https:// URLs are supported.")));
     }
 
@@ -229,7 +258,7 @@ od_endpoint_check(PG_FUNCTION_ARGS)
             ereport(ERROR,
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                      errmsg("signing_secret %s", problem),
-                     errhint("Use a Standard Webhooks secret: \"whsec_\" followed by base64 of 24 to 64 random bytes.")));
+                     errhint("Use a Standard Webhooks secret: \"whsec_\" followed by base64 of 16 to 256 random bytes (24 to 64 recommended).")));
     }
 
     /* timeout: positive and shorter than the lease */

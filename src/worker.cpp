@@ -601,7 +601,8 @@ shutdown_worker(void)
         wait_for_events(50);
         disp->collect(unix_seconds(GetCurrentTimestamp()));
     }
-    disp->abandon("worker stopped before delivery finished; released for another worker");
+    disp->abandon(unix_seconds(GetCurrentTimestamp()),
+                  "worker stopped before delivery finished; released for another worker");
     if (ext_ready)
         do_finalize();
     proc_exit(1);   /* non-zero: the postmaster restarts us unless it is shutting down */
@@ -762,7 +763,7 @@ od_worker_main(Datum arg)
         now = GetCurrentTimestamp();
         if (disp->in_flight() > 0)
             set_state(OD_STATE_DELIVERING);
-        else if (ext_ready && od_enabled)
+        else if (od_enabled)
             set_state(OD_STATE_IDLE);
         {
             bool can_claim = ext_ready && od_enabled &&

@@ -182,8 +182,8 @@ void Dispatcher::push_release(int64_t id, int64_t lease_version, const char *why
     }
 }
 
-void Dispatcher::abandon(const char *why) noexcept {
-    collect(0);
+void Dispatcher::abandon(int64_t now_unix_s, const char *why) noexcept {
+    collect(now_unix_s);
     engine_.abort_all();
     for (const auto &kv : sent_) push_release(kv.second.id, kv.second.lease_version, why);
     sent_.clear();

@@ -109,7 +109,7 @@ public:
      * message, into a Retry outcome with the attempt refunded and no delay,
      * so another worker can take it at once instead of waiting for the lease.
      */
-    void abandon(const char *why) noexcept;
+    void abandon(int64_t now_unix_s, const char *why) noexcept;
 
 private:
     struct EndpointState {

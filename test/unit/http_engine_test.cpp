@@ -369,7 +369,7 @@ TEST(Dispatcher, AbandonReleasesQueuedAndInFlight) {
     }
     d.pump(0);
     EXPECT_EQ(d.in_flight(), 1u);
-    d.abandon("stopping");
+    d.abandon(1700000000, "stopping");
     EXPECT_EQ(d.outstanding(), 0u);
     ASSERT_EQ(d.outcomes().size(), 3u);
     for (const auto &o : d.outcomes()) {
