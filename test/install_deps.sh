@@ -7,7 +7,7 @@ PKGS=(g++ make pkg-config
       postgresql-15 postgresql-server-dev-15 postgresql-client-15
       libcurl4-openssl-dev libssl-dev libgtest-dev googletest
       libipc-run-perl perl
-      nginx-light python3 curl)
+      nginx-light python3 curl bc)
 
 missing=()
 for p in "${PKGS[@]}"; do
