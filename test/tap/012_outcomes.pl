@@ -41,25 +41,8 @@ use Time::HiRes qw(time sleep);
 use IO::Socket::INET;
 
 use OdSink;
+use OdTest qw(poll_until);
 
-# ------------------------------------------------------------------ helpers
-sub poll_until
-{
-	my ($node, $sql, $expected, $timeout) = @_;
-	my $deadline = time() + ($timeout // 30);
-	my $last;
-	while (1)
-	{
-		$last = $node->safe_psql('postgres', $sql);
-		return 1 if $last eq $expected;
-		if (time() >= $deadline)
-		{
-			diag("poll_until timed out: [$sql] returned [$last], expected [$expected]");
-			return 0;
-		}
-		sleep(0.05);
-	}
-}
 
 # requests the sink recorded for message $id on $path, in arrival order
 sub reqs_for

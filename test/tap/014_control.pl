@@ -35,41 +35,9 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use OdSink;
+use OdTest qw(poll_until wait_workers_cycled);
 
-# ------------------------------------------------------------------ helpers
-sub poll_until
-{
-	my ($node, $sql, $expected, $timeout) = @_;
-	my $deadline = time() + ($timeout // 30);
-	my $last;
-	while (1)
-	{
-		$last = $node->safe_psql('postgres', $sql);
-		return 1 if $last eq $expected;
-		if (time() >= $deadline)
-		{
-			diag("poll_until timed out: [$sql] returned [$last], expected [$expected]");
-			return 0;
-		}
-		sleep(0.05);
-	}
-}
 
-# Wait until every worker has started another loop iteration after this call:
-# SIGHUP is processed at the loop top, just before the cycle counter goes up,
-# and the reload signal was sent before the caller saw the new setting.  (A
-# worker that already applied it and then sleeps for a long poll_interval
-# would not loop again soon: only use this with short poll intervals.)
-sub wait_workers_cycled
-{
-	my ($node) = @_;
-	my $before = $node->safe_psql('postgres',
-		'SELECT string_agg(worker || \':\' || cycles, \',\' ORDER BY worker) FROM outbox.worker_stats');
-	my $cond = join(' AND ',
-		map { my ($w, $c) = split /:/; "bool_or(worker = $w AND cycles >= $c + 1)" }
-		  split /,/, $before);
-	return poll_until($node, "SELECT $cond FROM outbox.worker_stats", 't', 20);
-}
 
 sub set_guc
 {

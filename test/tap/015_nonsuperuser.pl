@@ -26,25 +26,8 @@ use Digest::SHA qw(hmac_sha256);
 use MIME::Base64 qw(encode_base64);
 
 use OdSink;
+use OdTest qw(poll_until);
 
-# ------------------------------------------------------------------ helpers
-sub poll_until
-{
-	my ($node, $sql, $expected, $timeout) = @_;
-	my $deadline = time() + ($timeout // 30);
-	my $last;
-	while (1)
-	{
-		$last = $node->safe_psql('postgres', $sql);
-		return 1 if $last eq $expected;
-		if (time() >= $deadline)
-		{
-			diag("poll_until timed out: [$sql] returned [$last], expected [$expected]");
-			return 0;
-		}
-		sleep(0.05);
-	}
-}
 
 # ------------------------------------------------------------------ setup
 my $node = PostgreSQL::Test::Cluster->new('nonsuper');

@@ -50,30 +50,10 @@ use Exporter 'import';
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdTest qw(poll_until);
+
 our @EXPORT_OK = qw(wait_settled check_invariant poll_until);
 
-# Poll $sql on $node until it returns $expected (string compare) or $timeout s pass.
-sub poll_until
-{
-	my ($node, $sql, $expected, $timeout, $db) = @_;
-	$timeout //= 30;
-	$db //= 'postgres';
-	my $deadline = time + $timeout;
-	my $last = '';
-	while (time < $deadline)
-	{
-		my ($rc, $out) = (0, '');
-		eval {
-			$out = $node->safe_psql($db, $sql);
-			1;
-		} or $rc = 1;
-		$last = $rc ? "(error: $@)" : $out;
-		return 1 if !$rc && $out eq $expected;
-		sleep 0.1;
-	}
-	diag("poll_until timed out after ${timeout}s: [$sql] returned [$last], expected [$expected]");
-	return 0;
-}
 
 # Wait until no message is pending (due) or processing.
 sub wait_settled
