@@ -29,6 +29,9 @@
  * heap object reached through a static pointer, and every call into it is
  * noexcept.
  *
+ * The workers commit with synchronous_commit = off: a claim or finalize lost
+ * in a crash is redone after the lease expires (a duplicate, never a loss).
+ *
  * SIGTERM (pg_terminate_backend, shutdown): stop claiming, give requests in
  * flight up to one second, finalize what finished, hand the rest back to
  * pending at once (attempt refunded), exit.
@@ -645,6 +648,15 @@ od_worker_main(Datum arg)
     }
     else
         BackgroundWorkerInitializeConnection(od_database, od_role, 0);
+
+    /*
+     * The workers' own commits need not wait for the WAL flush: losing the
+     * last claims or finalizes in a server crash only means those messages
+     * are delivered again after their lease expires (at least once holds);
+     * no committed message can be lost, since producers' commits are theirs.
+     */
+    SetConfigOption("synchronous_commit", "off", PGC_USERSET, PGC_S_OVERRIDE);
+    SetConfigOption("application_name", MyBgworkerEntry->bgw_name, PGC_USERSET, PGC_S_OVERRIDE);
 
     lease_owner = MemoryContextStrdup(TopMemoryContext,
                                       psprintf("worker-%d/pid-%d", worker_index, MyProcPid));

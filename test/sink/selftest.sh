@@ -189,6 +189,94 @@ eq "$(pyjson "$(ctl_get stats)" 'j["total"], j["distinct_ids"]')" "(0, 0)" "stat
 eq "$(C -o /dev/null -w '%{http_code}' -d '{}' "$U/s500")" 200 "scripts cleared by reset"
 eq "$(pyjson "$(ctl_get requests)" '[r["seq"] for r in j]')" "[1]" "seq restarts after reset"
 
+# ---- fail_ratio / delay_ratio / seed (random failure modes) --------------------
+# everything fails at ratio 1 (with Retry-After, like a fail_first failure)
+script '{"path":"/r1","fail_ratio":1,"fail_status":429,"retry_after":"2"}'
+eq "$(C -o /dev/null -w '%{http_code} %header{retry-after}' -H 'Idempotency-Key: R' -d '{}' "$U/r1")" \
+   "429 2" "fail_ratio 1: fail_status + Retry-After"
+eq "$(post /r1 R)" 429 "fail_ratio 1: every request fails"
+# default fail_status is 503; ratio 0 never fails
+script '{"path":"/r0","fail_ratio":0,"delay_ratio":0,"seed":1}'
+eq "$(post /r0 R) $(post /r0 R)" "200 200" "fail_ratio 0 never fails"
+# seeded: the n-th request of the script gets the decision of the n-th draw pair
+# of random.Random(seed) (fail first, then delay) -- the same in every run
+expect=$("$PY" -c 'import random
+r = random.Random(42); out = []
+for _ in range(40):
+    f = r.random(); r.random(); out.append("503" if f < 0.3 else "200")
+print(" ".join(out))')
+script '{"path":"/rs","fail_ratio":0.3,"seed":42}'
+got=$(for i in $(seq 40); do printf '%s ' "$(post /rs "k$i")"; done)
+eq "${got% }" "$expect" "fail_ratio 0.3 seed 42: deterministic sequence"
+nfail=$(grep -o 503 <<<"$got" | wc -l)
+[ "$nfail" -ge 4 ] && [ "$nfail" -le 24 ] || fail "fail_ratio 0.3: $nfail of 40 failed"
+# re-scripting with the same seed replays the same decisions
+script '{"path":"/rs","fail_ratio":0.3,"seed":42}'
+got2=$(for i in $(seq 40); do printf '%s ' "$(post /rs "k$i")"; done)
+eq "${got2% }" "$expect" "same seed after re-script: same sequence"
+# fail_first takes precedence; fail_ratio applies to the requests it lets through
+script '{"path":"/rf","fail_first":1,"fail_ratio":1,"fail_status":500}'
+eq "$(post /rf Q) $(post /rf Q)" "500 500" "fail_first + fail_ratio"
+# fail_mode is used for random failures too
+script '{"path":"/rm","fail_ratio":1,"fail_mode":"close"}'
+C -o /dev/null --max-time 5 -d '{}' "$U/rm" 2>/dev/null; rc=$?
+eq "$rc" 52 "fail_ratio with fail_mode close"
+# delay_ratio 1: every request waits delay_ratio_ms (on top of delay_ms)
+script '{"path":"/rd","delay_ratio":1,"delay_ratio_ms":300,"delay_ms":100}'
+t=$(C -o /dev/null -w '%{http_code} %{time_total}' -H 'Idempotency-Key: D' -d '{}' "$U/rd")
+eq "${t%% *}" 200 "delay_ratio status"
+"$PY" -c "import sys; sys.exit(0 if float('${t#* }') >= 0.39 else 1)" || fail "delay_ratio 1 + delay_ms answered after ${t#* } s"
+# seeded delay_ratio: which requests were delayed is predictable (second draw of each pair)
+dexpect=$("$PY" -c 'import random
+r = random.Random(7); n = 0
+for _ in range(20):
+    r.random(); n += r.random() < 0.25
+print(n)')
+before=$(pyjson "$(ctl_get stats)" 'j["random_delays"]')
+script '{"path":"/rds","delay_ratio":0.25,"delay_ratio_ms":20,"seed":7}'
+for i in $(seq 20); do post /rds "d$i" >/dev/null; done
+after=$(pyjson "$(ctl_get stats)" 'j["random_delays"]')
+eq "$((after - before))" "$dexpect" "delay_ratio 0.25 seed 7: delayed count"
+script '{"path":"/rds","delay_ratio":1,"delay_ratio_ms":20}'
+post /rds dd >/dev/null
+eq "$(pyjson "$(ctl_get stats)" 'j["random_delays"]')" "$((after + 1))" "random_delays counter"
+# invalid values are rejected
+for bad in '{"path":"/x","fail_ratio":1.5}' '{"path":"/x","delay_ratio":-0.1}' \
+           '{"path":"/x","delay_ratio_ms":-1}' '{"path":"/x","seed":"abc"}' \
+           '{"path":"/x","seed":1.5}' '{"path":"/x","fail_ratio":true}'; do
+    code=$(C -o /dev/null -w '%{http_code}' -d "$bad" "$U/_control/script")
+    eq "$code" 400 "invalid script rejected: $bad"
+done
+# "0.5" strings are tolerated like other numeric fields (Perl scalars)
+eq "$(pyjson "$(ctl_post script '{"path":"/x","fail_ratio":"0.5","seed":"3"}')" 'j["script"]["fail_ratio"], j["script"]["seed"]')" \
+   "(0.5, 3)" "string ratio/seed accepted"
+
+# ---- 2xx-only id figures: ok_distinct_ids / ok_duplicates / ids?ok=1 ------------
+ctl_post reset '{}' >/dev/null || fail "reset"
+script '{"path":"/ok","fail_first":1}'
+post /ok A >/dev/null; post /ok A >/dev/null; post /ok A >/dev/null; post /ok B >/dev/null
+st=$(ctl_get 'stats?path=/ok')
+eq "$(pyjson "$st" 'j["distinct_ids"], j["duplicates"], j["ok_distinct_ids"], j["ok_duplicates"]')" \
+   "(2, 2, 1, 1)" "stats 2xx-only id figures"
+eq "$(pyjson "$(ctl_get stats)" 'j["ok_distinct_ids"], j["ok_duplicates"]')" "(1, 1)" "global 2xx-only id figures"
+eq "$(pyjson "$(ctl_get 'ids?path=/ok&ok=1')" 'sorted(j.items())')" "[('A', 2)]" "ids?ok=1"
+eq "$(pyjson "$(ctl_get 'ids?ok=1')" 'sorted(j.items())')" "[('A', 2)]" "ids?ok=1 (all paths)"
+eq "$(pyjson "$(ctl_get 'ids?path=/ok')" 'sorted(j.items())')" "[('A', 3), ('B', 1)]" "ids without ok=1 unchanged"
+
+# ---- --max-records bounds memory, counters stay complete -----------------------
+"$PY" "$HERE/sink.py" --port 0 --port-file "$DIR/port2" --max-records 5 --watch-pid $$ \
+    >"$DIR/sink2.out" 2>"$DIR/sink2.err" &
+SINK2_PID=$!
+for _ in $(seq 100); do [ -s "$DIR/port2" ] && break; sleep 0.1; done
+U2="http://127.0.0.1:$(cat "$DIR/port2")"
+for i in $(seq 23); do C -o /dev/null -H "Idempotency-Key: m$i" -d '{}' "$U2/mr"; done
+st=$(C "$U2/_control/stats")
+eq "$(pyjson "$st" 'j["total"], j["distinct_ids"], j["dropped_records"]')" "(23, 23, 15)" "max-records: stats complete, records dropped"
+eq "$(pyjson "$(C "$U2/_control/requests")" '[r["seq"] for r in j]')" "[16, 17, 18, 19, 20, 21, 22, 23]" "max-records: recent requests kept"
+eq "$(pyjson "$(C "$U2/_control/ids")" 'len(j)')" 23 "max-records: ids complete"
+kill "$SINK2_PID"; wait "$SINK2_PID" 2>/dev/null
+[ -s "$DIR/sink2.err" ] && fail "second sink wrote to stderr: $(cat "$DIR/sink2.err")"
+
 # ---- stop ----------------------------------------------------------------------
 kill "$SINK_PID"
 for _ in $(seq 50); do kill -0 "$SINK_PID" 2>/dev/null || break; sleep 0.1; done

@@ -25,7 +25,9 @@ Control API (JSON in / JSON out):
                             "fail_first": 0, "fail_status": 503,
                             "fail_mode": null, "retry_after": null, "location": null,
                             "mode": null, "body": null, "body_bytes": 8388608,
-                            "content_type": "application/json", "headers": {}}
+                            "content_type": "application/json", "headers": {},
+                            "fail_ratio": 0, "delay_ratio": 0, "delay_ratio_ms": 0,
+                            "seed": null}
       Sets the behaviour for requests to that exact path (query string
       ignored).  Omitted fields take the defaults above; posting again for a
       path replaces its script and restarts its fail_first counting.
@@ -57,6 +59,19 @@ Control API (JSON in / JSON out):
                               bytes (default 8 MiB), streamed in 64 KiB chunks
         body         response body string for `status` responses (default "{}")
         headers      extra response headers {name: value}
+        fail_ratio   0..1: each request that fail_first does not already fail
+                     independently fails with this probability: answered with
+                     fail_status (or handled by fail_mode, if set), like a
+                     fail_first failure (Retry-After included)
+        delay_ratio  0..1: each request is independently delayed by an extra
+        delay_ratio_ms  delay_ratio_ms (added to delay_ms) with this
+                     probability
+        seed         optional integer: the random draws of fail_ratio and
+                     delay_ratio come from a generator seeded with it, so the
+                     n-th request of the script (in arrival order) gets the
+                     same decisions in every run; without a seed they differ
+                     from run to run.  Two draws are made per request (fail,
+                     then delay), whatever the ratios.
   POST /_control/reset     clears scripts, recorded requests and counters
                            (seq restarts at 1).
   GET  /_control/requests[?path=/p][&id=KEY][&since=SEQ][&limit=N]
@@ -72,12 +87,18 @@ Control API (JSON in / JSON out):
                    delay); null for hang / close / reset
   GET  /_control/stats[?path=/p]
       {"total", "by_path": {path: n}, "by_status": {"200": n, "none": n},
-       "distinct_ids", "duplicates", "in_flight", "dropped_records",
+       "distinct_ids", "duplicates", "ok_distinct_ids", "ok_duplicates",
+       "random_failures", "random_delays", "in_flight", "dropped_records",
        "open_connections"}
       distinct_ids = distinct Idempotency-Key values, duplicates = requests
       beyond the first per key (requests without the header are not counted
-      in either).  With ?path= the id figures are for that path only.
-  GET  /_control/ids[?path=/p]         {idempotency_key: count}
+      in either); ok_distinct_ids / ok_duplicates = the same over the
+      requests answered 2xx only (decided on arrival).  random_failures /
+      random_delays count fail_ratio / delay_ratio hits.  With ?path= the id
+      figures are for that path only (the random_* counters are global).
+  GET  /_control/ids[?path=/p][&ok=1]  {idempotency_key: count}
+      with ok=1: counts of the requests answered 2xx only (keys with none
+      are left out)
   GET  /_control/wait?count=N[&path=/p][&timeout=S]
       blocks until at least N requests (to path, if given) were recorded or
       the timeout (default 10 s) passes: {"ok": bool, "count": n}
@@ -94,6 +115,7 @@ import argparse
 import http
 import json
 import os
+import random
 import signal
 import socket
 import socketserver
@@ -122,6 +144,10 @@ SCRIPT_DEFAULTS = {
     "body_bytes": 8 * 1024 * 1024,
     "content_type": "application/json",
     "headers": None,
+    "fail_ratio": 0,
+    "delay_ratio": 0,
+    "delay_ratio_ms": 0,
+    "seed": None,
 }
 NO_BODY_STATUSES = (204, 304)
 QUIET_ERRORS = (ConnectionError, TimeoutError, socket.timeout, OSError)
@@ -160,12 +186,13 @@ class BadRequest(Exception):
 
 
 class Script:
-    __slots__ = ("path", "cfg", "seen")
+    __slots__ = ("path", "cfg", "seen", "rng")
 
     def __init__(self, path, cfg):
         self.path = path
         self.cfg = cfg
         self.seen = {}  # idempotency key -> requests seen by this script
+        self.rng = random.Random(cfg["seed"])  # seed None: from os.urandom
 
 
 def validate_script(doc):
@@ -184,11 +211,12 @@ def validate_script(doc):
         if k != "path" and v is not None:
             cfg[k] = v
 
-    for name in ("status", "fail_status", "fail_first", "body_bytes", "delay_ms"):
+    floats = ("delay_ms", "fail_ratio", "delay_ratio", "delay_ratio_ms")
+    for name in ("status", "fail_status", "fail_first", "body_bytes", "seed") + floats:
         v = cfg[name]
         if isinstance(v, str):  # tolerate "200" (e.g. from Perl scalars)
             try:
-                cfg[name] = float(v) if name == "delay_ms" else int(v)
+                cfg[name] = float(v) if name in floats else int(v)
             except ValueError:
                 raise BadRequest(400, "%s must be a number" % name)
 
@@ -202,9 +230,19 @@ def validate_script(doc):
     int_field("fail_status", 200, 999)
     int_field("fail_first", 0, 1 << 31)
     int_field("body_bytes", 0, 1 << 40)
-    v = cfg["delay_ms"]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise BadRequest(400, "delay_ms must be a number >= 0")
+    for name in ("delay_ms", "delay_ratio_ms"):
+        v = cfg[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise BadRequest(400, "%s must be a number >= 0" % name)
+    for name in ("fail_ratio", "delay_ratio"):
+        v = cfg[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise BadRequest(400, "%s must be a number in [0, 1]" % name)
+    if cfg["seed"] is not None:
+        v = cfg["seed"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+            raise BadRequest(400, "seed must be an integer")
+        cfg["seed"] = int(v)
     for name in ("mode", "fail_mode"):
         if cfg[name] not in MODES:
             raise BadRequest(400, "%s must be one of %s" % (name, ", ".join(str(m) for m in MODES)))
@@ -248,6 +286,12 @@ class State:
         self.ids_by_path = {}
         self.keyed_total = 0
         self.keyed_by_path = {}
+        self.ok_ids = {}
+        self.ok_ids_by_path = {}
+        self.ok_keyed_total = 0
+        self.ok_keyed_by_path = {}
+        self.random_failures = 0
+        self.random_delays = 0
 
     def reset(self):
         with self.lock:
@@ -262,16 +306,26 @@ class State:
         """Decide the answer for a request and record it.
 
         rest_json is the JSON object (without seq/status) serialised to UTF-8
-        bytes by the caller.  Returns (seq, cfg, status, failing, mode)."""
+        bytes by the caller.  Returns (seq, cfg, status, failing, mode, delay_s)."""
         with self.lock:
             script = self.scripts.get(path) or self.scripts.get("*")
             cfg = script.cfg if script else SCRIPT_DEFAULTS
             failing = False
+            delay = cfg["delay_ms"] / 1000.0
             if script is not None and cfg["fail_first"] > 0:
                 k = key if key is not None else ""
                 n = script.seen.get(k, 0)
                 script.seen[k] = n + 1
                 failing = n < cfg["fail_first"]
+            if script is not None and (cfg["fail_ratio"] > 0 or cfg["delay_ratio"] > 0):
+                r_fail = script.rng.random()
+                r_delay = script.rng.random()
+                if not failing and r_fail < cfg["fail_ratio"]:
+                    failing = True
+                    self.random_failures += 1
+                if r_delay < cfg["delay_ratio"]:
+                    delay += cfg["delay_ratio_ms"] / 1000.0
+                    self.random_delays += 1
             mode = cfg["fail_mode"] if failing else cfg["mode"]
             if mode in ("hang", "close", "reset"):
                 status = None
@@ -300,6 +354,14 @@ class State:
                     pids = self.ids_by_path[path] = {}
                 pids[key] = pids.get(key, 0) + 1
                 self.keyed_by_path[path] = self.keyed_by_path.get(path, 0) + 1
+                if status is not None and 200 <= status < 300:
+                    self.ok_ids[key] = self.ok_ids.get(key, 0) + 1
+                    self.ok_keyed_total += 1
+                    pids = self.ok_ids_by_path.get(path)
+                    if pids is None:
+                        pids = self.ok_ids_by_path[path] = {}
+                    pids[key] = pids.get(key, 0) + 1
+                    self.ok_keyed_by_path[path] = self.ok_keyed_by_path.get(path, 0) + 1
             if self.log is not None:
                 try:
                     self.log.write(line + b"\n")
@@ -308,7 +370,7 @@ class State:
                     sys.stderr.write("sink: cannot write log: %s\n" % e)
             self.in_flight += 1
             self.cond.notify_all()
-            return seq, cfg, status, failing, mode
+            return seq, cfg, status, failing, mode, delay
 
     def count(self, path):
         if path is None:
@@ -577,17 +639,16 @@ class Handler(BaseHTTPRequestHandler):
             separators=(",", ":"),
             ensure_ascii=False,
         ).encode("utf-8", "surrogatepass")
-        seq, cfg, status, failing, mode = st.record(path, key, rest, t)
+        seq, cfg, status, failing, mode, delay = st.record(path, key, rest, t)
         try:
-            self._answer(method, cfg, status, failing, mode, seq)
+            self._answer(method, cfg, status, failing, mode, seq, delay)
         finally:
             with st.lock:
                 st.in_flight -= 1
 
-    def _answer(self, method, cfg, status, failing, mode, seq):
-        delay = cfg["delay_ms"]
+    def _answer(self, method, cfg, status, failing, mode, seq, delay):
         if delay:
-            time.sleep(delay / 1000.0)
+            time.sleep(delay)
         head = method == "HEAD"
         if mode == "hang":
             self._hang()
@@ -733,15 +794,23 @@ class Handler(BaseHTTPRequestHandler):
                 if p is None:
                     distinct = len(st.ids)
                     dups = st.keyed_total - distinct
+                    ok_distinct = len(st.ok_ids)
+                    ok_dups = st.ok_keyed_total - ok_distinct
                 else:
                     distinct = len(st.ids_by_path.get(p, {}))
                     dups = st.keyed_by_path.get(p, 0) - distinct
+                    ok_distinct = len(st.ok_ids_by_path.get(p, {}))
+                    ok_dups = st.ok_keyed_by_path.get(p, 0) - ok_distinct
                 out = {
                     "total": st.total,
                     "by_path": dict(st.by_path),
                     "by_status": dict(st.by_status),
                     "distinct_ids": distinct,
                     "duplicates": dups,
+                    "ok_distinct_ids": ok_distinct,
+                    "ok_duplicates": ok_dups,
+                    "random_failures": st.random_failures,
+                    "random_delays": st.random_delays,
                     "in_flight": st.in_flight,
                     "dropped_records": st.dropped,
                     "open_connections": st.open_connections,
@@ -750,8 +819,12 @@ class Handler(BaseHTTPRequestHandler):
         elif name == "ids":
             need("GET")
             p = q.get("path")
+            ok = q.get("ok", "") not in ("", "0", "false")
             with st.lock:
-                out = dict(st.ids if p is None else st.ids_by_path.get(p, {}))
+                if ok:
+                    out = dict(st.ok_ids if p is None else st.ok_ids_by_path.get(p, {}))
+                else:
+                    out = dict(st.ids if p is None else st.ids_by_path.get(p, {}))
             self._send_json(200, out)
         elif name == "wait":
             need("GET")
