@@ -726,7 +726,7 @@ od_worker_main(Datum arg)
 
         /* claim when there is room and a reason to look */
         batch = od_batch_size;
-        if (ext_ready && od_enabled && now >= retry_not_before)
+        if (ext_ready && od_enabled && now >= retry_not_before && !got_sigterm)
         {
             /* everything we hold is still 'processing': queued, in flight, or
              * finished but not yet finalized */
@@ -747,7 +747,8 @@ od_worker_main(Datum arg)
             set_state(OD_STATE_PAUSED);
 
         now = GetCurrentTimestamp();
-        disp->pump(unix_seconds(now));
+        if (!got_sigterm)       /* stopping: send nothing new */
+            disp->pump(unix_seconds(now));
         pg_atomic_write_u32(&slot->in_flight, (uint32) disp->in_flight());
 
         /* finalize: half a batch ready, nothing left in flight, or results waiting too long */
