@@ -50,6 +50,13 @@ int b64_value(unsigned char c) {
     return -1;
 }
 
+int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
 const char *check_ipv6_literal(const char *p, std::size_t n) {
     /* contents between the brackets: hex digits, ':' and '.' (embedded IPv4) */
     if (n < 2) return "has an empty IPv6 address";
@@ -104,8 +111,18 @@ const char *check_url(const char *url, std::size_t len) {
         port_at = pos + hostlen;
         if (hostlen == 0) return "has no host";
         if (hostlen > 253) return "has a host name longer than 253 bytes";
-        for (std::size_t i = 0; i < hostlen; i++)
+        for (std::size_t i = 0; i < hostlen; i++) {
             if (!is_hostchar(static_cast<unsigned char>(host[i]))) return "has an invalid character in its host";
+            if (host[i] == '%') {
+                /* libcurl decodes a percent-encoded host: it must decode to a host character */
+                int hi = i + 2 < hostlen ? hex_value(host[i + 1]) : -1;
+                int lo = i + 2 < hostlen ? hex_value(host[i + 2]) : -1;
+                if (hi < 0 || lo < 0) return "has an invalid percent-encoding in its host";
+                unsigned char d = static_cast<unsigned char>(hi * 16 + lo);
+                if (d == '%' || !is_hostchar(d)) return "has a percent-encoded character not allowed in a host";
+                i += 2;
+            }
+        }
     }
     if (port_at < end) {
         /* url[port_at] == ':' */

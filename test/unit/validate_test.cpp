@@ -60,6 +60,21 @@ TEST(Url, RejectsUserinfoFragmentsAndBadAuthorities) {
     EXPECT_NE(url("http://exa<mple.com/"), nullptr);
 }
 
+TEST(Url, PercentEncodedHost) {
+    // libcurl decodes a percent-encoded host name: it must decode to host characters
+    EXPECT_EQ(url("http://ex%41mple.com/"), nullptr);
+    EXPECT_EQ(url("http://%31%32%37.0.0.1:8080/"), nullptr);
+    EXPECT_STREQ(url("http://127.0.0.1%0d%0aX-Injected%3a%201:80/x"),
+                 "has a percent-encoded character not allowed in a host");
+    EXPECT_STREQ(url("http://a%00b/"), "has a percent-encoded character not allowed in a host");
+    EXPECT_STREQ(url("http://a%2fb/"), "has a percent-encoded character not allowed in a host");
+    EXPECT_STREQ(url("http://a%25b/"), "has a percent-encoded character not allowed in a host");
+    EXPECT_STREQ(url("http://a%2/"), "has an invalid percent-encoding in its host");
+    EXPECT_STREQ(url("http://a%zz/"), "has an invalid percent-encoding in its host");
+    EXPECT_STREQ(url("http://a%/"), "has an invalid percent-encoding in its host");
+    EXPECT_EQ(url("http://host/path%0d%0a"), nullptr);  // the path is sent as is, never decoded
+}
+
 TEST(Url, LengthLimit) {
     std::string base = "http://example.com/";
     EXPECT_EQ(url(base + std::string(od::kMaxUrlLength - base.size(), 'a')), nullptr);
