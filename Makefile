@@ -40,6 +40,28 @@ unit: $(GTEST_BIN)
 	./$(GTEST_BIN)
 
 .PHONY: unit
+
+# The same GoogleTest binary built with AddressSanitizer (+ LeakSanitizer,
+# on by default on Linux x86_64) and UndefinedBehaviorSanitizer; any report
+# fails the run.  Not part of test-all.
+GTEST_ASAN_BIN = test/unit/unit_tests_asan
+ASAN_FLAGS     = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+
+$(GTEST_ASAN_BIN): $(UNIT_SRCS) $(CORE_SRCS) $(wildcard src/core/*.hpp)
+	$(CXX) -std=c++17 -O1 -g -Wall $(ASAN_FLAGS) -Isrc -o $@ $(UNIT_SRCS) $(CORE_SRCS) -lgtest -lgtest_main -lpthread -lcurl -lcrypto
+
+unit-asan: $(GTEST_ASAN_BIN)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	./$(GTEST_ASAN_BIN)
+
+# (a clean hook of its own: EXTRA_CLEAN is read by PGXS's clean rule at
+# include time, so a value set after the include is not seen)
+clean: clean-unit-asan
+clean-unit-asan:
+	rm -f $(GTEST_ASAN_BIN)
+
+.PHONY: unit-asan clean-unit-asan
 EXTRA_CLEAN = $(GTEST_BIN) results regression.diffs regression.out output_iso
 
 print-regress:
