@@ -6,7 +6,7 @@
 
 EXTENSION   = outbox_dispatcher
 MODULE_big  = outbox_dispatcher
-DATA        = sql/outbox_dispatcher--0.1.0.sql
+DATA        = sql/outbox_dispatcher--0.1.0.sql sql/outbox_dispatcher--0.1.0--0.2.0.sql
 PGFILEDESC  = "outbox_dispatcher - transactional outbox delivery from background workers"
 
 CORE_SRCS   = $(sort $(wildcard src/core/*.cpp))

@@ -51,6 +51,7 @@ od_shmem_request(void)
     if (prev_shmem_request_hook)
         prev_shmem_request_hook();
     RequestAddinShmemSpace(MAXALIGN(sizeof(OdShared)));
+    RequestNamedLWLockTranche("outbox_dispatcher", 1);
 }
 
 static void
@@ -83,6 +84,9 @@ od_shmem_startup(void)
                 pg_atomic_init_u64(&w->latency_buckets[b], 0);
             SpinLockInit(&w->mutex);
         }
+        od_shared->endpoint_lock = &(GetNamedLWLockTranche("outbox_dispatcher"))->lock;
+        for (int i = 0; i < OD_MAX_ENDPOINTS; i++)
+            SpinLockInit(&od_shared->endpoints[i].mutex);
     }
     LWLockRelease(AddinShmemInitLock);
 }

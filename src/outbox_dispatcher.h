@@ -90,10 +90,59 @@ typedef struct OdWorkerSlot
     char             last_error[256];
 } OdWorkerSlot;
 
+/*
+ * Per-endpoint state shared by all workers (endpoint_state.cpp): the
+ * circuit breaker, the cluster-wide in-flight count behind max_in_flight,
+ * the token bucket behind rate_limit, and delivery statistics.  Slots are
+ * assigned by name under od_shared->endpoint_lock (taken only when a worker
+ * refreshes its endpoint list); everything else is under the slot spinlock.
+ * State lives only in shared memory: a restart closes every breaker.
+ */
+#define OD_MAX_ENDPOINTS 256
+#define OD_ENDPOINT_NAME 128
+
+typedef enum OdBreakerState
+{
+    OD_BREAKER_CLOSED = 0,
+    OD_BREAKER_OPEN,
+    OD_BREAKER_HALF_OPEN
+} OdBreakerState;
+
+typedef struct OdEndpointSlot
+{
+    bool        used;
+    char        name[OD_ENDPOINT_NAME];
+    slock_t     mutex;
+    /* circuit breaker */
+    int         breaker;            /* OdBreakerState */
+    int         consecutive_failures;
+    int         trips;              /* consecutive trips without a success */
+    TimestampTz opened_at;
+    TimestampTz next_probe_at;
+    bool        probe_taken;        /* half-open: one worker holds the probe */
+    /* limits */
+    int         in_flight;          /* claimed by some worker, not yet answered */
+    double      tokens;             /* rate limit bucket */
+    TimestampTz tokens_at;
+    /* statistics */
+    int         last_status;
+    TimestampTz last_success_at;
+    TimestampTz last_failure_at;
+    char        last_error[256];
+    uint64      delivered;
+    uint64      failed;
+    uint64      latency_count;
+    uint64      latency_sum_us;
+    uint64      latency_max_us;
+    uint64      latency_buckets[OD_LATENCY_BUCKETS];
+} OdEndpointSlot;
+
 typedef struct OdShared
 {
     pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
     OdWorkerSlot     workers[OD_MAX_WORKERS];
+    LWLock          *endpoint_lock; /* assigns endpoint slots */
+    OdEndpointSlot   endpoints[OD_MAX_ENDPOINTS];
 } OdShared;
 
 /* NULL unless the library was loaded by shared_preload_libraries. */
@@ -127,12 +176,15 @@ typedef struct OdFinalize
 #define OD_CLAIM_NATTS 11
 
 /*
- * Reap exhausted expired leases, then lease up to batch ready messages.
+ * Reap exhausted expired leases, then lease up to batch ready messages,
+ * taking at most quotas[i] of endpoints[i] (n_endpoints < 0: every enabled
+ * endpoint, up to batch each).
  * Must be called inside a transaction, connected to SPI; the claimed rows
  * are left in SPI_tuptable (SPI_processed of them).  Returns the number of
  * rows reaped to dead.
  */
-extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts);
+extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
+                       const char *const *endpoints, const int *quotas, int n_endpoints);
 
 /*
  * Apply n fenced finalizes in one statement.  Sets items[i].applied; lost
@@ -145,6 +197,8 @@ extern bool   od_retry(int64 id);
 extern uint64 od_retry_dead(const char *endpoint, const char *event_type);
 extern bool   od_skip(int64 id, const char *reason);
 extern uint64 od_purge(int64 older_than_us, int limit);
+extern uint64 od_replay(int64 from_id, int64 to_id, const char *endpoint);
+extern uint64 od_move(const char *from_endpoint, const char *to_endpoint, Datum statuses);
 extern int64  od_enqueue(Datum *values, bool *nulls);
 
 /* ---------------------------------------------------------------- wake (wake.cpp) */
@@ -153,6 +207,48 @@ extern int64  od_enqueue(Datum *values, bool *nulls);
 extern void od_wake_at_commit(void);
 /* Wake the workers now. */
 extern void od_wake_workers(void);
+
+/* ---------------------------------------------------------------- endpoint state (endpoint_state.cpp) */
+
+/* Per-endpoint settings the shared state needs (from outbox.endpoints). */
+typedef struct OdEndpointLimits
+{
+    int     max_in_flight;
+    double  rate_limit;             /* messages per second; <= 0 = unlimited */
+    int     breaker_threshold;      /* consecutive failures that open the breaker */
+    int64   breaker_cooldown_us;    /* first open period; doubles per trip */
+} OdEndpointLimits;
+
+/* Find or create the slot of an endpoint; -1 when the table is full. */
+extern int  od_endpoint_slot(const char *name);
+
+/*
+ * How many messages of this endpoint a worker may claim now (0..want), and
+ * reserve them: breaker (open: 0; cool-down over: one probe), cluster-wide
+ * max_in_flight, and the rate-limit bucket.  *probe is set when the
+ * reservation is the half-open probe.  *retry_at is set to when a refused
+ * reservation could succeed (0 = unknown).
+ */
+extern int  od_endpoint_reserve(int slot, const OdEndpointLimits *lim, int want, TimestampTz now,
+                                bool *probe, TimestampTz *retry_at);
+/* Give back reservations that the claim did not use. */
+extern void od_endpoint_unreserve(int slot, int n, bool probe);
+/* A claim took more than it reserved (expired leases): count them in flight. */
+extern void od_endpoint_hold(int slot, int n);
+/* A request finished (or was abandoned): release its in-flight place. */
+extern void od_endpoint_release(int slot, int n);
+
+typedef enum OdEndpointResult
+{
+    OD_RESULT_SUCCESS,              /* 2xx */
+    OD_RESULT_FAILURE,              /* retryable: counts towards the breaker */
+    OD_RESULT_NEUTRAL               /* answered, but neither (4xx dead, defer) */
+} OdEndpointResult;
+
+/* Record one result: statistics and breaker transitions. */
+extern void od_endpoint_result(int slot, const OdEndpointLimits *lim, OdEndpointResult r,
+                               int http_status, double latency_ms, const char *error, bool probe,
+                               TimestampTz now);
 
 /* ---------------------------------------------------------------- workers (worker.cpp) */
 extern void od_register_workers(void);

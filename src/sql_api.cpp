@@ -10,6 +10,8 @@
 extern "C" {
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "catalog/pg_type.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
 
@@ -22,6 +24,8 @@ PG_FUNCTION_INFO_V1(od_retry_sql);
 PG_FUNCTION_INFO_V1(od_retry_dead_sql);
 PG_FUNCTION_INFO_V1(od_skip_sql);
 PG_FUNCTION_INFO_V1(od_purge_sql);
+PG_FUNCTION_INFO_V1(od_replay_sql);
+PG_FUNCTION_INFO_V1(od_move_messages_sql);
 PG_FUNCTION_INFO_V1(od_lost_leases_sql);
 }
 
@@ -154,7 +158,7 @@ od_claim_sql(PG_FUNCTION_ARGS)
     MemoryContextSwitchTo(oldcxt);
 
     SPI_connect();
-    od_claim(owner, batch, lease_us, max_attempts);
+    od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, -1);
     oldcxt = MemoryContextSwitchTo(per_query);
     for (uint64 i = 0; i < SPI_processed; i++)
         tuplestore_puttuple(store, SPI_tuptable->vals[i]);
@@ -281,6 +285,100 @@ od_purge_sql(PG_FUNCTION_ARGS)
     SPI_connect();
     n = od_purge(older_than, 0);
     SPI_finish();
+    PG_RETURN_INT64((int64) n);
+}
+
+/*
+ * replay(from_id, to_id, endpoint): done messages in the id range go back to
+ * pending (attempts reset, a new fencing token), e.g. after a consumer lost
+ * data.  Wakes the workers at commit.
+ */
+extern "C" Datum
+od_replay_sql(PG_FUNCTION_ARGS)
+{
+    int64       from_id, to_id;
+    const char *endpoint;
+    uint64      n;
+
+    require_arg(fcinfo, 0, "from_id");
+    require_arg(fcinfo, 1, "to_id");
+    from_id = PG_GETARG_INT64(0);
+    to_id = PG_GETARG_INT64(1);
+    if (from_id > to_id)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("from_id must not be greater than to_id"),
+                 errdetail("The range given is %lld to %lld.", (long long) from_id, (long long) to_id)));
+    endpoint = PG_ARGISNULL(2) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(2));
+    SPI_connect();
+    n = od_replay(from_id, to_id, endpoint);
+    SPI_finish();
+    if (n > 0)
+        od_wake_at_commit();
+    PG_RETURN_INT64((int64) n);
+}
+
+/*
+ * move_messages(from_endpoint, to_endpoint, statuses): re-point pending
+ * and/or dead messages to another endpoint.  Messages in flight
+ * (processing) and delivered ones (done) are never moved.
+ */
+extern "C" Datum
+od_move_messages_sql(PG_FUNCTION_ARGS)
+{
+    char       *from, *to;
+    ArrayType  *arr;
+    Datum      *elems;
+    bool       *enulls;
+    int         nelems;
+    uint64      n;
+    bool        found;
+
+    require_nonempty_text(fcinfo, 0, "from_endpoint");
+    require_nonempty_text(fcinfo, 1, "to_endpoint");
+    require_arg(fcinfo, 2, "statuses");
+    from = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    to = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    if (strcmp(from, to) == 0)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("from_endpoint and to_endpoint must differ")));
+    arr = PG_GETARG_ARRAYTYPE_P(2);
+    deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &enulls, &nelems);
+    if (nelems == 0)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("statuses must not be empty")));
+    for (int i = 0; i < nelems; i++)
+    {
+        char *st = enulls[i] ? nullptr : TextDatumGetCString(elems[i]);
+
+        if (st == nullptr || (strcmp(st, "pending") != 0 && strcmp(st, "dead") != 0))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("only pending and dead messages can be moved"),
+                     errdetail("The statuses given include %s.", st ? quote_literal_cstr(st) : "NULL"),
+                     errhint("Messages in flight (processing) finish first; delivered ones (done) stay where they were delivered.")));
+    }
+
+    SPI_connect();
+    {
+        Oid   types[1] = {TEXTOID};
+        Datum args[1] = {CStringGetTextDatum(to)};
+
+        if (SPI_execute_with_args("SELECT 1 FROM outbox.endpoints WHERE name = $1", 1, types, args, nullptr,
+                                  true, 1) != SPI_OK_SELECT)
+            elog(ERROR, "outbox_dispatcher: endpoint lookup failed");
+        found = SPI_processed == 1;
+    }
+    if (!found)
+        ereport(ERROR,
+                (errcode(ERRCODE_UNDEFINED_OBJECT),
+                 errmsg("endpoint \"%s\" does not exist", to)));
+    n = od_move(from, to, PointerGetDatum(arr));
+    SPI_finish();
+    if (n > 0)
+        od_wake_at_commit();
     PG_RETURN_INT64((int64) n);
 }
 

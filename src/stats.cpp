@@ -102,3 +102,71 @@ od_worker_stats_sql(PG_FUNCTION_ARGS)
     }
     return (Datum) 0;
 }
+
+/*
+ * outbox._endpoint_health(): one row per endpoint known to the workers'
+ * shared state (breaker, cluster-wide in-flight count, delivery statistics).
+ * The view outbox.endpoint_health joins it to outbox.endpoints.
+ */
+extern "C" {
+PG_FUNCTION_INFO_V1(od_endpoint_health_sql);
+}
+
+static const char *const breaker_names[] = {"closed", "open", "half_open"};
+
+extern "C" Datum
+od_endpoint_health_sql(PG_FUNCTION_ARGS)
+{
+    ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+    InitMaterializedSRF(fcinfo, 0);
+    if (od_shared == nullptr)
+        return (Datum) 0;
+
+    for (int i = 0; i < OD_MAX_ENDPOINTS; i++)
+    {
+        OdEndpointSlot *e = &od_shared->endpoints[i];
+        OdEndpointSlot  c;
+        Datum           values[17];
+        bool            nulls[17];
+
+        if (!e->used)
+            continue;
+        SpinLockAcquire(&e->mutex);
+        memcpy(&c, e, sizeof(c));
+        SpinLockRelease(&e->mutex);
+        if (!c.used)
+            continue;
+
+        memset(nulls, 0, sizeof(nulls));
+        values[0] = CStringGetTextDatum(c.name);
+        values[1] = CStringGetTextDatum(breaker_names[c.breaker >= 0 && c.breaker <= 2 ? c.breaker : 0]);
+        values[2] = Int32GetDatum(c.consecutive_failures);
+        values[3] = Int32GetDatum(c.trips);
+        values[4] = TimestampTzGetDatum(c.opened_at);
+        nulls[4] = (c.breaker == OD_BREAKER_CLOSED || c.opened_at == 0);
+        values[5] = TimestampTzGetDatum(c.next_probe_at);
+        nulls[5] = (c.breaker == OD_BREAKER_CLOSED || c.next_probe_at == 0);
+        values[6] = Int32GetDatum(c.in_flight);
+        values[7] = Int32GetDatum(c.last_status);
+        nulls[7] = (c.last_status == 0);
+        values[8] = CStringGetTextDatum(c.last_error);
+        nulls[8] = (c.last_error[0] == '\0');
+        values[9] = TimestampTzGetDatum(c.last_success_at);
+        nulls[9] = (c.last_success_at == 0);
+        values[10] = TimestampTzGetDatum(c.last_failure_at);
+        nulls[10] = (c.last_failure_at == 0);
+        values[11] = Int64GetDatum((int64) c.delivered);
+        values[12] = Int64GetDatum((int64) c.failed);
+        values[13] = Float8GetDatum(c.latency_count ? (double) c.latency_sum_us / c.latency_count / 1000.0 : 0);
+        nulls[13] = (c.latency_count == 0);
+        values[14] = Float8GetDatum(percentile_ms(c.latency_buckets, c.latency_count, 0.50));
+        nulls[14] = (c.latency_count == 0);
+        values[15] = Float8GetDatum(percentile_ms(c.latency_buckets, c.latency_count, 0.99));
+        nulls[15] = (c.latency_count == 0);
+        values[16] = Float8GetDatum((double) c.latency_max_us / 1000.0);
+        nulls[16] = (c.latency_count == 0);
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+    }
+    return (Datum) 0;
+}

@@ -15,12 +15,18 @@
  *      its lease, on its last allowed attempt).  At most `batch` rows, with
  *      SKIP LOCKED, walking messages_leased from the oldest deadline.
  *   2. claim: expired leases with attempts left first (oldest deadline
- *      first), then ready rows (pending, available_at <= now(), endpoint
- *      enabled, and for ordered rows no unfinished earlier message of the
- *      same aggregate), oldest available_at first.  Both arms are index
- *      scans that stop after `batch` rows, so the cost is proportional to
- *      the batch: retained done/dead rows are in neither partial index, and
- *      rows scheduled for later sit beyond now() in messages_ready.
+ *      first), then ready rows endpoint by endpoint: for each endpoint of
+ *      the quota arrays ($5 names, $6 counts, in the order given; NULL =
+ *      every enabled endpoint, up to batch each) up to its count of pending
+ *      rows with available_at <= now() (and, for ordered rows, no unfinished
+ *      earlier message of the same aggregate), oldest available_at first.
+ *      Disabled endpoints are skipped.  Every arm is an index scan that
+ *      stops after its limit, so the cost is proportional to the batch:
+ *      retained done/dead rows are in no partial index, rows scheduled for
+ *      later sit beyond now(), and an endpoint that is paused, has its
+ *      breaker open or is at its limits gets no quota and is not scanned.
+ *      The workers compute the quotas (breaker, cluster-wide max_in_flight,
+ *      rate limit; endpoint_state.cpp) and rotate the order for fairness.
  *      Claimed rows get status processing, the owner, lease_until =
  *      now() + lease, lease_version + 1 and attempts + 1.
  *
@@ -58,6 +64,8 @@ static SPIPlanPtr plan_retry_dead = nullptr;
 static SPIPlanPtr plan_skip = nullptr;
 static SPIPlanPtr plan_purge = nullptr;
 static SPIPlanPtr plan_endpoint_state = nullptr;
+static SPIPlanPtr plan_replay = nullptr;
+static SPIPlanPtr plan_move = nullptr;
 static SPIPlanPtr plan_enqueue = nullptr;
 
 static const char *const SQL_REAP =
@@ -73,22 +81,30 @@ static const char *const SQL_REAP =
     " WHERE m.id = ANY (ARRAY(SELECT id FROM expired))";
 
 static const char *const SQL_CLAIM =
-    "WITH picked AS ("
+    "WITH quota AS ("
+    "  SELECT q.endpoint, q.n, q.ord"
+    "    FROM unnest($5::text[], $6::int[]) WITH ORDINALITY AS q(endpoint, n, ord)"
+    "   WHERE q.n > 0"
+    "     AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = q.endpoint AND e.enabled)"
+    "  UNION ALL"
+    "  SELECT e.name, $2, 0 FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
+    "picked AS ("
     "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m"
     "    WHERE m.status = 'processing' AND m.lease_until < now() AND m.attempts < $4"
-    "      AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = m.endpoint AND e.enabled)"
+    "      AND m.endpoint IN (SELECT endpoint FROM quota)"
     "    ORDER BY m.lease_until LIMIT $2"
     "      FOR UPDATE OF m SKIP LOCKED) AS expired"
     "  UNION ALL"
-    "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m"
-    "    WHERE m.status = 'pending' AND m.available_at <= now()"
-    "      AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = m.endpoint AND e.enabled)"
-    "      AND (NOT m.ordered OR NOT EXISTS ("
-    "            SELECT 1 FROM outbox.messages AS p"
-    "             WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id"
-    "               AND p.id < m.id AND p.status <> 'done'))"
-    "    ORDER BY m.available_at, m.id LIMIT $2"
-    "      FOR UPDATE OF m SKIP LOCKED) AS ready"
+    "  SELECT r.id FROM (SELECT endpoint, n FROM quota ORDER BY ord, endpoint) AS q"
+    "   CROSS JOIN LATERAL ("
+    "    SELECT m.id FROM outbox.messages AS m"
+    "     WHERE m.endpoint = q.endpoint AND m.status = 'pending' AND m.available_at <= now()"
+    "       AND (NOT m.ordered OR NOT EXISTS ("
+    "             SELECT 1 FROM outbox.messages AS p"
+    "              WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id"
+    "                AND p.id < m.id AND p.status <> 'done'))"
+    "     ORDER BY m.available_at, m.id LIMIT q.n"
+    "       FOR UPDATE OF m SKIP LOCKED) AS r"
     "  LIMIT $2) "
     "UPDATE outbox.messages AS o"
     "   SET status = 'processing', lease_owner = $1, lease_until = now() + $3,"
@@ -142,6 +158,18 @@ static const char *const SQL_PURGE =
     "   ORDER BY done_at LIMIT $2"
     "     FOR UPDATE SKIP LOCKED) "
     "DELETE FROM outbox.messages AS m WHERE m.id = ANY (ARRAY(SELECT id FROM old))";
+
+static const char *const SQL_REPLAY =
+    "UPDATE outbox.messages"
+    "   SET status = 'pending', attempts = 0, available_at = now(), done_at = NULL,"
+    "       last_error = 'replayed by an operator', last_http_status = NULL,"
+    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
+    " WHERE status = 'done' AND id BETWEEN $1 AND $2 AND ($3::text IS NULL OR endpoint = $3)";
+
+static const char *const SQL_MOVE =
+    "UPDATE outbox.messages"
+    "   SET endpoint = $2, lease_version = lease_version + 1"
+    " WHERE endpoint = $1 AND status = ANY ($3::text[])";
 
 static const char *const SQL_ENDPOINT_STATE =
     "SELECT enabled FROM outbox.endpoints WHERE name = $1";
@@ -206,37 +234,6 @@ us_to_interval(int64 us)
 
 /* ---------------------------------------------------------------- claim */
 
-uint64
-od_claim(const char *owner, int batch, int64 lease_us, int max_attempts)
-{
-    static const Oid reap_types[2] = {INT4OID, INT4OID};
-    static const Oid claim_types[4] = {TEXTOID, INT4OID, INTERVALOID, INT4OID};
-    Datum       args[4];
-    uint64      reaped;
-    int         rc;
-
-    od_prepare_custom(&plan_reap, SQL_REAP, 2, reap_types);
-    od_prepare_custom(&plan_claim, SQL_CLAIM, 4, claim_types);
-
-    args[0] = Int32GetDatum(max_attempts);
-    args[1] = Int32GetDatum(batch);
-    rc = SPI_execute_plan(plan_reap, args, nullptr, false, 0);
-    if (rc != SPI_OK_UPDATE)
-        elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
-    reaped = SPI_processed;
-
-    args[0] = CStringGetTextDatum(owner);
-    args[1] = Int32GetDatum(batch);
-    args[2] = us_to_interval(lease_us);
-    args[3] = Int32GetDatum(max_attempts);
-    rc = SPI_execute_plan(plan_claim, args, nullptr, false, 0);
-    if (rc != SPI_OK_UPDATE_RETURNING)
-        elog(ERROR, "outbox_dispatcher: claim failed: %s", SPI_result_code_string(rc));
-    return reaped;
-}
-
-/* ---------------------------------------------------------------- finalize */
-
 static ArrayType *
 build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 {
@@ -249,6 +246,60 @@ build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
     get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
     return construct_md_array(elems, nulls, 1, dims, lbs, elemtype, typlen, typbyval, typalign);
 }
+
+
+uint64
+od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
+         const char *const *endpoints, const int *quotas, int n_endpoints)
+{
+    static const Oid reap_types[2] = {INT4OID, INT4OID};
+    static const Oid claim_types[6] = {TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID};
+    Datum       args[6];
+    char        nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+    uint64      reaped;
+    int         rc;
+
+    od_prepare_custom(&plan_reap, SQL_REAP, 2, reap_types);
+    od_prepare_custom(&plan_claim, SQL_CLAIM, 6, claim_types);
+
+    args[0] = Int32GetDatum(max_attempts);
+    args[1] = Int32GetDatum(batch);
+    rc = SPI_execute_plan(plan_reap, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
+    reaped = SPI_processed;
+
+    args[0] = CStringGetTextDatum(owner);
+    args[1] = Int32GetDatum(batch);
+    args[2] = us_to_interval(lease_us);
+    args[3] = Int32GetDatum(max_attempts);
+    if (n_endpoints < 0)
+    {
+        /* every enabled endpoint, up to batch each (the SQL function) */
+        nulls[4] = nulls[5] = 'n';
+        args[4] = args[5] = (Datum) 0;
+    }
+    else
+    {
+        Datum *names = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
+        Datum *ns = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
+
+        for (int i = 0; i < n_endpoints; i++)
+        {
+            names[i] = CStringGetTextDatum(endpoints[i]);
+            ns[i] = Int32GetDatum(quotas[i]);
+        }
+        args[4] = PointerGetDatum(build_array(names, nullptr, n_endpoints, TEXTOID));
+        args[5] = PointerGetDatum(build_array(ns, nullptr, n_endpoints, INT4OID));
+    }
+    rc = SPI_execute_plan(plan_claim, args, nulls, false, 0);
+    if (rc != SPI_OK_UPDATE_RETURNING)
+        elog(ERROR, "outbox_dispatcher: claim failed: %s", SPI_result_code_string(rc));
+    return reaped;
+}
+
+/* ---------------------------------------------------------------- finalize */
+
 
 static int
 cmp_int64(const void *a, const void *b)
@@ -402,6 +453,36 @@ od_purge(int64 older_than_us, int limit)
     rc = SPI_execute_plan(plan_purge, args, nulls, false, 0);
     if (rc != SPI_OK_DELETE)
         elog(ERROR, "outbox_dispatcher: purge failed: %s", SPI_result_code_string(rc));
+    return SPI_processed;
+}
+
+uint64
+od_replay(int64 from_id, int64 to_id, const char *endpoint)
+{
+    static const Oid types[3] = {INT8OID, INT8OID, TEXTOID};
+    Datum       args[3] = {Int64GetDatum(from_id), Int64GetDatum(to_id),
+                           endpoint ? CStringGetTextDatum(endpoint) : (Datum) 0};
+    char        nulls[3] = {' ', ' ', endpoint ? ' ' : 'n'};
+    int         rc;
+
+    od_prepare(&plan_replay, SQL_REPLAY, 3, types);
+    rc = SPI_execute_plan(plan_replay, args, nulls, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "outbox_dispatcher: replay failed: %s", SPI_result_code_string(rc));
+    return SPI_processed;
+}
+
+uint64
+od_move(const char *from_endpoint, const char *to_endpoint, Datum statuses)
+{
+    static const Oid types[3] = {TEXTOID, TEXTOID, TEXTARRAYOID};
+    Datum       args[3] = {CStringGetTextDatum(from_endpoint), CStringGetTextDatum(to_endpoint), statuses};
+    int         rc;
+
+    od_prepare(&plan_move, SQL_MOVE, 3, types);
+    rc = SPI_execute_plan(plan_move, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "outbox_dispatcher: move failed: %s", SPI_result_code_string(rc));
     return SPI_processed;
 }
 

@@ -87,6 +87,18 @@ column(TriggerData *trig, HeapTuple tup, const char *name, bool *isnull)
     return heap_getattr(tup, attno, desc, isnull);
 }
 
+/* A column that only newer versions of the schema have: *present = false when absent. */
+static Datum
+column_opt(TriggerData *trig, HeapTuple tup, const char *name, bool *isnull, bool *present)
+{
+    TupleDesc desc = RelationGetDescr(trig->tg_relation);
+    int       attno = SPI_fnumber(desc, name);
+
+    *present = attno > 0;
+    *isnull = true;
+    return *present ? heap_getattr(tup, attno, desc, isnull) : (Datum) 0;
+}
+
 /* A text column that will be sent as (part of) an HTTP header value. */
 static void
 check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bool allow_empty)
@@ -261,8 +273,20 @@ od_endpoint_check(PG_FUNCTION_ARGS)
                      errhint("Use a Standard Webhooks secret: \"whsec_\" followed by base64 of 16 to 256 random bytes (24 to 64 recommended).")));
     }
 
-    /* timeout: positive and shorter than the lease */
+    /*
+     * timeout: positive and shorter than the lease.  On UPDATE only when the
+     * timeout itself changes, so that a row written under a longer lease can
+     * still be disabled, renamed or re-enabled after the lease was lowered.
+     */
     d = column(trig, tup, "timeout", &isnull);
+    if (!isnull && TRIGGER_FIRED_BY_UPDATE(trig->tg_event))
+    {
+        bool  oldnull;
+        Datum old = column(trig, trig->tg_trigtuple, "timeout", &oldnull);
+
+        if (!oldnull && od_interval_us(DatumGetIntervalP(old)) == od_interval_us(DatumGetIntervalP(d)))
+            isnull = true;      /* unchanged: skip the checks */
+    }
     if (!isnull)
     {
         int64 us = od_interval_us(DatumGetIntervalP(d));
@@ -312,6 +336,32 @@ od_endpoint_check(PG_FUNCTION_ARGS)
                          errmsg("defer_statuses must contain HTTP statuses between 300 and 599"),
                          errdetail("Element %d is %s.", i + 1, enulls[i] ? "null" : psprintf("%d", s))));
         }
+    }
+
+    /* limits added in 0.2.0 */
+    {
+        bool present;
+
+        d = column_opt(trig, tup, "rate_limit", &isnull, &present);
+        if (present && !isnull && !(DatumGetFloat8(d) > 0 && DatumGetFloat8(d) <= 1e6))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("rate_limit must be positive and at most 1000000 messages per second, or null for no limit"),
+                     errdetail("The value given is %g.", DatumGetFloat8(d))));
+        d = column_opt(trig, tup, "breaker_threshold", &isnull, &present);
+        if (present && !isnull && (DatumGetInt32(d) < 0 || DatumGetInt32(d) > 1000000))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("breaker_threshold must be between 0 (no circuit breaker) and 1000000"),
+                     errdetail("The value given is %d.", DatumGetInt32(d))));
+        d = column_opt(trig, tup, "breaker_cooldown", &isnull, &present);
+        if (present && !isnull &&
+            (od_interval_us(DatumGetIntervalP(d)) < USECS_PER_SEC / 10 ||
+             od_interval_us(DatumGetIntervalP(d)) > (int64) 3600 * USECS_PER_SEC))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("breaker_cooldown must be between 100 milliseconds and 1 hour"),
+                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(interval_out, d)))));
     }
 
     if (TRIGGER_FIRED_BY_UPDATE(trig->tg_event))

@@ -77,6 +77,35 @@ static WaitEventSet  *wait_set = nullptr;
 static bool           ext_ready = false;
 static bool           ext_missing_logged = false;
 static TimestampTz    oldest_outcome_at = 0;
+static bool           schema_v2 = false;        /* extension 0.2.0 or later */
+
+/*
+ * The endpoints this worker serves (enabled ones, refreshed every
+ * poll_interval), with their shared-memory slot and limits.  held/probe
+ * track, per slot, what this worker holds: claimed messages not yet
+ * answered (their in-flight places) and a half-open probe.  pending_* is
+ * the reservation of a claim in progress, returned if its transaction fails.
+ */
+typedef struct WorkerEndpoint
+{
+    char            *name;
+    int              slot;
+    OdEndpointLimits lim;
+} WorkerEndpoint;
+
+static MemoryContext    endpoint_ctx = nullptr;
+static WorkerEndpoint  *wendpoints = nullptr;
+static int              n_wendpoints = 0;
+static OdEndpointLimits lim_by_slot[OD_MAX_ENDPOINTS];
+static int              held_by_slot[OD_MAX_ENDPOINTS];
+static bool             probe_by_slot[OD_MAX_ENDPOINTS];
+static int              pending_slots[OD_MAX_ENDPOINTS];
+static int              pending_counts[OD_MAX_ENDPOINTS];
+static bool             pending_probes[OD_MAX_ENDPOINTS];
+static int              n_pending = 0;
+static int              claim_rotation = 0;
+static TimestampTz      next_quota_at = 0;      /* a refused reservation may succeed then */
+static size_t           outcomes_seen = 0;
 
 #define FLUSH_AFTER_MS 2
 
@@ -133,8 +162,26 @@ record_error(const char *msg)
 }
 
 static void
+release_pending_reservation(void)
+{
+    for (int i = 0; i < n_pending; i++)
+        od_endpoint_unreserve(pending_slots[i], pending_counts[i], pending_probes[i]);
+    n_pending = 0;
+}
+
+static void
 od_worker_exit(int code, Datum arg)
 {
+    release_pending_reservation();
+    for (int i = 0; i < OD_MAX_ENDPOINTS; i++)
+    {
+        if (held_by_slot[i] > 0)
+            od_endpoint_release(i, held_by_slot[i]);
+        if (probe_by_slot[i])
+            od_endpoint_unreserve(i, 0, true);
+        held_by_slot[i] = 0;
+        probe_by_slot[i] = false;
+    }
     if (slot)
     {
         slot->latch = nullptr;
@@ -265,6 +312,9 @@ typedef struct EndpointRow
     int     max_in_flight;
     int    *defer;
     int     ndefer;
+    double  rate_limit;
+    int     breaker_threshold;
+    int64   breaker_cooldown_ms;
 } EndpointRow;
 
 static void
@@ -303,13 +353,25 @@ refresh_endpoints(void)
     int          rc;
 
     begin_tx("loading endpoints");
-    rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'", true, 1);
+    rc = SPI_execute("SELECT extversion <> '0.1.0' FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'",
+                     true, 1);
     ext_ready = (rc == SPI_OK_SELECT && SPI_processed == 1);
     if (ext_ready)
     {
-        rc = SPI_execute("SELECT name, url, headers, signing_secret,"
-                         "       (extract(epoch FROM timeout) * 1000)::bigint, max_in_flight, defer_statuses"
-                         "  FROM outbox.endpoints WHERE enabled", true, 0);
+        bool isnull;
+
+        schema_v2 = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+        /* 0.1.0 (before ALTER EXTENSION ... UPDATE) has no limits columns: use the defaults */
+        rc = SPI_execute(schema_v2
+                         ? "SELECT name, url, headers, signing_secret,"
+                           "       (extract(epoch FROM timeout) * 1000)::bigint, max_in_flight, defer_statuses,"
+                           "       coalesce(rate_limit, 0)::float8, breaker_threshold,"
+                           "       (extract(epoch FROM breaker_cooldown) * 1000)::bigint"
+                           "  FROM outbox.endpoints WHERE enabled"
+                         : "SELECT name, url, headers, signing_secret,"
+                           "       (extract(epoch FROM timeout) * 1000)::bigint, max_in_flight, defer_statuses,"
+                           "       0::float8, 5, 30000::bigint"
+                           "  FROM outbox.endpoints WHERE enabled", true, 0);
         if (rc != SPI_OK_SELECT)
             elog(ERROR, "outbox_dispatcher: loading endpoints failed: %s", SPI_result_code_string(rc));
         nrows = (int) SPI_processed;
@@ -342,6 +404,9 @@ refresh_endpoints(void)
                 for (int j = 0; j < n; j++)
                     rows[i].defer[rows[i].ndefer++] = nulls[j] ? 0 : DatumGetInt32(elems[j]);
             }
+            rows[i].rate_limit = DatumGetFloat8(SPI_getbinval(tup, desc, 8, &isnull));
+            rows[i].breaker_threshold = DatumGetInt32(SPI_getbinval(tup, desc, 9, &isnull));
+            rows[i].breaker_cooldown_ms = DatumGetInt64(SPI_getbinval(tup, desc, 10, &isnull));
             MemoryContextSwitchTo(old);
         }
     }
@@ -361,7 +426,33 @@ refresh_endpoints(void)
     for (int i = 0; i < nrows; i++)
         load_endpoint(&rows[i]);
     disp->end_endpoints();
+
+    /* the shared-state slots and limits of the endpoints we serve */
+    MemoryContextReset(endpoint_ctx);
+    wendpoints = (WorkerEndpoint *) MemoryContextAllocZero(endpoint_ctx, sizeof(WorkerEndpoint) * (nrows + 1));
+    n_wendpoints = 0;
+    for (int i = 0; i < nrows; i++)
+    {
+        WorkerEndpoint *w = &wendpoints[n_wendpoints];
+
+        w->slot = od_endpoint_slot(rows[i].name);
+        if (w->slot < 0)
+        {
+            ereport(WARNING,
+                    (errmsg("outbox_dispatcher: more than %d endpoints; endpoint \"%s\" is not served",
+                            OD_MAX_ENDPOINTS, rows[i].name)));
+            continue;
+        }
+        w->name = MemoryContextStrdup(endpoint_ctx, rows[i].name);
+        w->lim.max_in_flight = rows[i].max_in_flight;
+        w->lim.rate_limit = rows[i].rate_limit;
+        w->lim.breaker_threshold = rows[i].breaker_threshold;
+        w->lim.breaker_cooldown_us = rows[i].breaker_cooldown_ms * 1000;
+        lim_by_slot[w->slot] = w->lim;
+        n_wendpoints++;
+    }
 }
+
 
 /* ---------------------------------------------------------------- claim */
 
@@ -377,6 +468,7 @@ typedef struct ClaimRow
     char   *payload;
     char   *headers;
     int64   created_at_us;
+    int     endpoint_slot;
 } ClaimRow;
 
 static bool
@@ -396,6 +488,7 @@ queue_claimed(const ClaimRow *r) noexcept
         m.body = r->payload;
         split_lines(r->headers, m.header_lines);
         m.created_at_unix_us = r->created_at_us;
+        m.endpoint_tag = r->endpoint_slot;
         return disp->add(std::move(m));
     }
     catch (...)
@@ -404,17 +497,55 @@ queue_claimed(const ClaimRow *r) noexcept
     }
 }
 
+/*
+ * Claim up to capacity messages.  Each endpoint's share is reserved in
+ * shared memory first (breaker, cluster-wide max_in_flight, rate limit);
+ * the order of the endpoints rotates from claim to claim, so that one
+ * endpoint's backlog cannot starve the others.
+ */
 static int
 do_claim(int capacity)
 {
-    ClaimRow *rows;
-    int       n;
-    uint64    reaped;
-    bool      unknown_endpoint = false;
+    ClaimRow    *rows;
+    int          n;
+    uint64       reaped;
+    bool         unknown_endpoint = false;
+    const char **names;
+    int         *quotas;
+    int         *got;
+    int          m = n_wendpoints;
+    int          total = 0;
+    TimestampTz  now = GetCurrentTimestamp();
+
+    names = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * (m + 1));
+    quotas = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
+    got = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
+    next_quota_at = 0;
+    n_pending = 0;
+    for (int k = 0; k < m; k++)
+    {
+        WorkerEndpoint *w = &wendpoints[(claim_rotation + k) % m];
+        bool            probe;
+        TimestampTz     retry_at;
+        int             q = od_endpoint_reserve(w->slot, &w->lim, capacity, now, &probe, &retry_at);
+
+        names[k] = w->name;
+        quotas[k] = q;
+        total += q;
+        if (q == 0 && retry_at != 0 && (next_quota_at == 0 || retry_at < next_quota_at))
+            next_quota_at = retry_at;
+        pending_slots[n_pending] = w->slot;
+        pending_counts[n_pending] = q;
+        pending_probes[n_pending] = probe;
+        n_pending++;
+    }
+    claim_rotation = m > 0 ? (claim_rotation + 1) % m : 0;
+    if (total == 0)
+        return 0;               /* every endpoint is paused, open or at its limits */
 
     set_state(OD_STATE_CLAIMING);
     begin_tx("claiming messages");
-    reaped = od_claim(lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts);
+    reaped = od_claim(lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, m);
     n = (int) SPI_processed;
     rows = (ClaimRow *) MemoryContextAllocZero(cycle_ctx, sizeof(ClaimRow) * (n + 1));
     for (int i = 0; i < n; i++)
@@ -440,6 +571,32 @@ do_claim(int capacity)
     }
     end_tx();
 
+    /* settle the reservation: keep what was claimed, return the rest */
+    for (int i = 0; i < n; i++)
+    {
+        rows[i].endpoint_slot = -1;
+        for (int k = 0; k < m; k++)
+            if (strcmp(names[k], rows[i].endpoint) == 0)
+            {
+                got[k]++;
+                rows[i].endpoint_slot = pending_slots[k];
+                break;
+            }
+    }
+    for (int k = 0; k < m; k++)
+    {
+        int s = pending_slots[k];
+
+        if (got[k] < quotas[k])
+            od_endpoint_unreserve(s, quotas[k] - got[k], pending_probes[k] && got[k] == 0);
+        else if (got[k] > quotas[k])
+            od_endpoint_hold(s, got[k] - quotas[k]);    /* expired leases taken over */
+        held_by_slot[s] += got[k];
+        if (pending_probes[k] && got[k] > 0)
+            probe_by_slot[s] = true;
+    }
+    n_pending = 0;
+
     pg_atomic_fetch_add_u64(&slot->claimed, n);
     pg_atomic_fetch_add_u64(&slot->reaped, reaped);
     pg_atomic_fetch_add_u64(&slot->dead, reaped);
@@ -452,6 +609,51 @@ do_claim(int capacity)
         if (!queue_claimed(&rows[i]))
             record_error("out of memory while queueing a claimed message");
     return n;
+}
+
+/* ---------------------------------------------------------------- results */
+
+/*
+ * For every outcome not seen yet: release its in-flight place and tell the
+ * endpoint's shared state how it went (breaker, statistics).
+ */
+static void
+process_new_outcomes(void)
+{
+    std::vector<od::DeliveryOutcome> &outs = disp->outcomes();
+    TimestampTz now = GetCurrentTimestamp();
+
+    for (; outcomes_seen < outs.size(); outcomes_seen++)
+    {
+        const od::DeliveryOutcome &o = outs[outcomes_seen];
+        int         s = o.endpoint_tag;
+        bool        probe;
+        OdEndpointResult r;
+
+        if (s < 0 || s >= OD_MAX_ENDPOINTS)
+            continue;
+        od_endpoint_release(s, 1);
+        if (held_by_slot[s] > 0)
+            held_by_slot[s]--;
+        probe = probe_by_slot[s];
+        probe_by_slot[s] = false;
+        if (o.latency_ms < 0)
+        {
+            /* never sent (released at shutdown, or not sendable): not the endpoint's doing */
+            if (probe)
+                od_endpoint_unreserve(s, 0, true);
+            continue;
+        }
+        if (o.verdict == od::Verdict::Done)
+            r = OD_RESULT_SUCCESS;
+        else if (o.verdict == od::Verdict::Retry || (o.verdict == od::Verdict::Dead && o.http_status == 0))
+            r = OD_RESULT_FAILURE;      /* retryable, or retries exhausted on a transport error */
+        else if (o.verdict == od::Verdict::Dead && o.http_status >= 500)
+            r = OD_RESULT_FAILURE;      /* retries exhausted on 5xx */
+        else
+            r = OD_RESULT_NEUTRAL;
+        od_endpoint_result(s, &lim_by_slot[s], r, o.http_status, o.latency_ms, o.error, probe, now);
+    }
 }
 
 /* ---------------------------------------------------------------- finalize */
@@ -477,9 +679,13 @@ do_finalize(void)
     std::vector<od::DeliveryOutcome> &outs = disp->outcomes();
     int          n = (int) outs.size();
     OdFinalize  *items;
+    const char **gone;
+    int          n_gone = 0;
 
     if (n == 0)
         return;
+    process_new_outcomes();
+    gone = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * n);
     items = (OdFinalize *) MemoryContextAllocZero(cycle_ctx, sizeof(OdFinalize) * n);
     for (int i = 0; i < n; i++)
     {
@@ -499,11 +705,45 @@ do_finalize(void)
         it->refund = o.refund;
         it->error = o.error[0] ? MemoryContextStrdup(cycle_ctx, o.error) : nullptr;
         it->http_status = (o.http_status >= 100 && o.http_status <= 599) ? o.http_status : 0;
+
+        /*
+         * 410 Gone: the endpoint says it is gone for good.  Disable it (an
+         * operator re-enables it) and put the message back, attempt refunded,
+         * instead of killing it.
+         */
+        if (o.http_status == 410 && o.endpoint_tag >= 0 && o.endpoint_tag < OD_MAX_ENDPOINTS)
+        {
+            it->verdict = OD_RETRY;
+            it->refund = true;
+            it->delay_us = (int64) od_defer_delay_ms * 1000;
+            it->error = "HTTP 410 Gone: the endpoint was disabled";
+            gone[n_gone++] = MemoryContextStrdup(cycle_ctx, od_shared->endpoints[o.endpoint_tag].name);
+        }
     }
 
     set_state(OD_STATE_FINALIZING);
     begin_tx("finalizing deliveries");
     od_finalize(items, n);
+    for (int i = 0; i < n_gone; i++)
+    {
+        Oid   types[2] = {TEXTOID, TEXTOID};
+        Datum args[2] = {CStringGetTextDatum(gone[i]),
+                         CStringGetTextDatum("HTTP 410 Gone received by the dispatcher")};
+        int   rc = SPI_execute_with_args(schema_v2
+                                         ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
+                                           " WHERE name = $1 AND enabled"
+                                         : "UPDATE outbox.endpoints SET enabled = false"
+                                           " WHERE name = $1 AND enabled AND $2 IS NOT NULL",
+                                         2, types, args, nullptr, false, 0);
+
+        if (rc != SPI_OK_UPDATE)
+            elog(ERROR, "outbox_dispatcher: disabling endpoint \"%s\" failed: %s", gone[i],
+                 SPI_result_code_string(rc));
+        if (SPI_processed > 0)
+            ereport(LOG,
+                    (errmsg("outbox_dispatcher: endpoint \"%s\" answered 410 Gone and was disabled", gone[i]),
+                     errhint("Fix the endpoint, then UPDATE outbox.endpoints SET enabled = true.")));
+    }
     end_tx();
 
     for (int i = 0; i < n; i++)
@@ -528,6 +768,7 @@ do_finalize(void)
             record_error(it->error);
     }
     outs.clear();
+    outcomes_seen = 0;
     oldest_outcome_at = 0;
 }
 
@@ -606,6 +847,7 @@ shutdown_worker(void)
     }
     disp->abandon(unix_seconds(GetCurrentTimestamp()),
                   "worker stopped before delivery finished; released for another worker");
+    process_new_outcomes();
     if (ext_ready)
         do_finalize();
     proc_exit(1);   /* non-zero: the postmaster restarts us unless it is shutting down */
@@ -661,6 +903,7 @@ od_worker_main(Datum arg)
     lease_owner = MemoryContextStrdup(TopMemoryContext,
                                       psprintf("worker-%d/pid-%d", worker_index, MyProcPid));
     cycle_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher cycle", ALLOCSET_DEFAULT_SIZES);
+    endpoint_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher endpoints", ALLOCSET_SMALL_SIZES);
 
     disp = new (std::nothrow) od::Dispatcher();
     if (disp == nullptr)
@@ -685,6 +928,7 @@ od_worker_main(Datum arg)
         record_error(edata->message);
         EmitErrorReport();
         AbortOutOfAnyTransaction();
+        release_pending_reservation();
         FlushErrorState();
         FreeErrorData(edata);
         pgstat_report_activity(STATE_IDLE, NULL);
@@ -733,7 +977,8 @@ od_worker_main(Datum arg)
             int outstanding = (int) (disp->outstanding() + disp->outcomes().size());
             int room = batch - outstanding;
 
-            if (room >= Max(1, batch / 2) && (woken || last_claim_full || now >= next_poll))
+            if (room >= Max(1, batch / 2) &&
+                (woken || last_claim_full || now >= next_poll || (next_quota_at != 0 && now >= next_quota_at)))
             {
                 int n;
 
@@ -785,6 +1030,8 @@ od_worker_main(Datum arg)
 
             if (can_claim)
                 until = Min(until, last_claim_full ? now : next_poll);
+            if (can_claim && next_quota_at != 0)
+                until = Min(until, next_quota_at);
             if (!disp->outcomes().empty())
                 until = Min(until, TimestampTzPlusMilliseconds(oldest_outcome_at, FLUSH_AFTER_MS));
             if (worker_index == 0 && ext_ready && od_retention_s > 0)
@@ -802,5 +1049,6 @@ od_worker_main(Datum arg)
         pg_atomic_write_u32(&slot->idle, 0);
         CHECK_FOR_INTERRUPTS();
         disp->collect(unix_seconds(GetCurrentTimestamp()));
+        process_new_outcomes();
     }
 }

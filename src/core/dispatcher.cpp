@@ -75,6 +75,7 @@ void Dispatcher::fail_now(const ClaimedMessage &m, const char *why) noexcept {
         o.verdict = m.attempts >= settings_.max_attempts ? Verdict::Dead : Verdict::Retry;
         o.delay_ms = full_jitter_ms(m.attempts, settings_.backoff, rng_());
         o.refund = false;
+        o.endpoint_tag = m.endpoint_tag;
         o.latency_ms = -1;
         std::snprintf(o.error, sizeof o.error, "not sent: %s", why);
         outcomes_.push_back(o);
@@ -98,7 +99,7 @@ void Dispatcher::pump(int64_t now_unix_s) noexcept {
                                            now_unix_s, m.body.data(), m.body.size(), header_buf_);
                 if (ok) {
                     uint64_t tag = next_tag_++;
-                    sent_.emplace(tag, Sent{m.id, m.lease_version, m.attempts, ep.cfg.name});
+                    sent_.emplace(tag, Sent{m.id, m.lease_version, m.attempts, ep.cfg.name, m.endpoint_tag});
                     ok = engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_,
                                         ep.cfg.timeout_ms);
                     if (ok)
@@ -154,6 +155,7 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
             d.verdict = o.verdict;
             d.delay_ms = o.delay_ms;
             d.refund = false;
+            d.endpoint_tag = s.endpoint_tag;
             d.http_status = static_cast<int>(c.status);
             d.latency_ms = c.total_ms;
             std::memcpy(d.error, o.error, sizeof d.error);
@@ -165,7 +167,7 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
     }
 }
 
-void Dispatcher::push_release(int64_t id, int64_t lease_version, const char *why) noexcept {
+void Dispatcher::push_release(int64_t id, int64_t lease_version, int endpoint_tag, const char *why) noexcept {
     try {
         DeliveryOutcome o;
         std::memset(&o, 0, sizeof o);
@@ -174,6 +176,7 @@ void Dispatcher::push_release(int64_t id, int64_t lease_version, const char *why
         o.verdict = Verdict::Retry;
         o.delay_ms = 0;
         o.refund = true;
+        o.endpoint_tag = endpoint_tag;
         o.latency_ms = -1;
         std::snprintf(o.error, sizeof o.error, "%s", why);
         outcomes_.push_back(o);
@@ -185,10 +188,10 @@ void Dispatcher::push_release(int64_t id, int64_t lease_version, const char *why
 void Dispatcher::abandon(int64_t now_unix_s, const char *why) noexcept {
     collect(now_unix_s);
     engine_.abort_all();
-    for (const auto &kv : sent_) push_release(kv.second.id, kv.second.lease_version, why);
+    for (const auto &kv : sent_) push_release(kv.second.id, kv.second.lease_version, kv.second.endpoint_tag, why);
     sent_.clear();
     for (auto &kv : endpoints_) {
-        for (const ClaimedMessage &m : kv.second.queue) push_release(m.id, m.lease_version, why);
+        for (const ClaimedMessage &m : kv.second.queue) push_release(m.id, m.lease_version, m.endpoint_tag, why);
         kv.second.queue.clear();
         kv.second.in_flight = 0;
     }

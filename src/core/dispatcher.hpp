@@ -50,6 +50,7 @@ struct ClaimedMessage {
     std::string body;                       /* payload JSON text, sent as is */
     std::vector<std::string> header_lines;  /* the message's extra headers */
     int64_t created_at_unix_us = 0;
+    int endpoint_tag = -1;                  /* caller's tag, copied to the outcome */
 };
 
 struct DeliveryOutcome {
@@ -58,6 +59,7 @@ struct DeliveryOutcome {
     Verdict verdict;
     int64_t delay_ms;
     bool refund;                            /* Retry: give the attempt back */
+    int endpoint_tag;                       /* the message's endpoint_tag */
     int http_status;                        /* 0 = none */
     double latency_ms;                      /* < 0: not sent */
     char error[kOutcomeErrorSize];
@@ -122,8 +124,9 @@ private:
         int64_t lease_version;
         int attempts;
         std::string endpoint;
+        int endpoint_tag;
     };
-    void push_release(int64_t id, int64_t lease_version, const char *why) noexcept;
+    void push_release(int64_t id, int64_t lease_version, int endpoint_tag, const char *why) noexcept;
 
     void fail_now(const ClaimedMessage &m, const char *why) noexcept;
 
