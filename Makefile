@@ -18,7 +18,7 @@ PG_CXXFLAGS = -std=c++17 -Wno-register -Wno-missing-field-initializers
 SHLIB_LINK  = -lstdc++ -lcurl -lcrypto
 
 # pg_regress suites: sql/<name>.sql inputs, expected/<name>.out.
-REGRESS      = schema enqueue claim finalize ordering operator validation privileges views
+REGRESS      = schema enqueue claim finalize ordering operator operations validation privileges views
 
 PG_CONFIG ?= pg_config
 

@@ -26,6 +26,10 @@ ALTER TABLE @extschema@.endpoints
     ADD COLUMN breaker_cooldown  interval NOT NULL DEFAULT interval '30 seconds',
     ADD COLUMN disabled_reason   text;
 
+-- max_in_flight now counts all workers together: the new default is above what
+-- the default 2 workers x batch_size 100 can hold (existing rows keep their value).
+ALTER TABLE @extschema@.endpoints ALTER COLUMN max_in_flight SET DEFAULT 256;
+
 COMMENT ON COLUMN @extschema@.endpoints.max_in_flight IS
     'Requests in flight to this endpoint at most, across all workers';
 COMMENT ON COLUMN @extschema@.endpoints.rate_limit IS

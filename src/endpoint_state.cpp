@@ -33,6 +33,12 @@ extern "C" {
 #define BREAKER_MAX_COOLDOWN_US (INT64CONST(3600) * USECS_PER_SEC)
 #define BUCKET_SECONDS 0.1
 
+/*
+ * A slot keeps the first OD_ENDPOINT_NAME - 1 bytes of the name: longer names
+ * are looked up by that prefix too (comparing the whole name would never
+ * match the truncated copy, and every refresh would take another slot until
+ * none is left).  Endpoints whose names share those bytes share one state.
+ */
 int
 od_endpoint_slot(const char *name)
 {
@@ -46,7 +52,7 @@ od_endpoint_slot(const char *name)
     {
         OdEndpointSlot *e = &od_shared->endpoints[i];
 
-        if (e->used && strncmp(e->name, name, OD_ENDPOINT_NAME) == 0)
+        if (e->used && strncmp(e->name, name, OD_ENDPOINT_NAME - 1) == 0)
         {
             found = i;
             break;
@@ -61,7 +67,7 @@ od_endpoint_slot(const char *name)
     {
         OdEndpointSlot *e = &od_shared->endpoints[i];
 
-        if (e->used && strncmp(e->name, name, OD_ENDPOINT_NAME) == 0)
+        if (e->used && strncmp(e->name, name, OD_ENDPOINT_NAME - 1) == 0)
         {
             found = i;
             break;
@@ -175,6 +181,21 @@ od_endpoint_reserve(int slot, const OdEndpointLimits *lim, int want, TimestampTz
     e->in_flight += Max(n, 0);
     SpinLockRelease(&e->mutex);
     return Max(n, 0);
+}
+
+bool
+od_endpoint_breaker_open(int slot)
+{
+    OdEndpointSlot *e;
+    bool        open;
+
+    if (slot < 0 || od_shared == nullptr)
+        return false;
+    e = &od_shared->endpoints[slot];
+    SpinLockAcquire(&e->mutex);
+    open = (e->breaker != OD_BREAKER_CLOSED);
+    SpinLockRelease(&e->mutex);
+    return open;
 }
 
 void

@@ -68,6 +68,7 @@ od_shmem_startup(void)
     {
         memset(od_shared, 0, sizeof(OdShared));
         pg_atomic_init_u64(&od_shared->lost_leases, 0);
+        pg_atomic_init_u32(&od_shared->wake_next, 0);
         for (int i = 0; i < OD_MAX_WORKERS; i++)
         {
             OdWorkerSlot *w = &od_shared->workers[i];

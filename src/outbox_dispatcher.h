@@ -140,6 +140,7 @@ typedef struct OdEndpointSlot
 typedef struct OdShared
 {
     pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
+    pg_atomic_uint32 wake_next;     /* where the next wake starts looking for an idle worker */
     OdWorkerSlot     workers[OD_MAX_WORKERS];
     LWLock          *endpoint_lock; /* assigns endpoint slots */
     OdEndpointSlot   endpoints[OD_MAX_ENDPOINTS];
@@ -231,6 +232,8 @@ extern int  od_endpoint_slot(const char *name);
  */
 extern int  od_endpoint_reserve(int slot, const OdEndpointLimits *lim, int want, TimestampTz now,
                                 bool *probe, TimestampTz *retry_at);
+/* Is the endpoint's breaker open or half-open? */
+extern bool od_endpoint_breaker_open(int slot);
 /* Give back reservations that the claim did not use. */
 extern void od_endpoint_unreserve(int slot, int n, bool probe);
 /* A claim took more than it reserved (expired leases): count them in flight. */

@@ -17,7 +17,9 @@
  *   2. claim: expired leases with attempts left first (oldest deadline
  *      first), then ready rows endpoint by endpoint: for each endpoint of
  *      the quota arrays ($5 names, $6 counts, in the order given; NULL =
- *      every enabled endpoint, up to batch each) up to its count of pending
+ *      every enabled endpoint, up to batch each; a count of 0 still lets
+ *      the endpoint's expired leases be taken over, -1 does not: its breaker
+ *      is open) up to its count of pending
  *      rows with available_at <= now() (and, for ordered rows, no unfinished
  *      earlier message of the same aggregate), oldest available_at first.
  *      Disabled endpoints are skipped.  Every arm is an index scan that
@@ -84,7 +86,7 @@ static const char *const SQL_CLAIM =
     "WITH quota AS ("
     "  SELECT q.endpoint, q.n, q.ord"
     "    FROM unnest($5::text[], $6::int[]) WITH ORDINALITY AS q(endpoint, n, ord)"
-    "   WHERE q.n > 0"
+    "   WHERE q.n >= 0"
     "     AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = q.endpoint AND e.enabled)"
     "  UNION ALL"
     "  SELECT e.name, $2, 0 FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
@@ -95,7 +97,7 @@ static const char *const SQL_CLAIM =
     "    ORDER BY m.lease_until LIMIT $2"
     "      FOR UPDATE OF m SKIP LOCKED) AS expired"
     "  UNION ALL"
-    "  SELECT r.id FROM (SELECT endpoint, n FROM quota ORDER BY ord, endpoint) AS q"
+    "  SELECT r.id FROM (SELECT endpoint, n FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q"
     "   CROSS JOIN LATERAL ("
     "    SELECT m.id FROM outbox.messages AS m"
     "     WHERE m.endpoint = q.endpoint AND m.status = 'pending' AND m.available_at <= now()"

@@ -347,7 +347,7 @@ od_endpoint_check(PG_FUNCTION_ARGS)
             ereport(ERROR,
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                      errmsg("rate_limit must be positive and at most 1000000 messages per second, or null for no limit"),
-                     errdetail("The value given is %g.", DatumGetFloat8(d))));
+                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(float8out, d)))));
         d = column_opt(trig, tup, "breaker_threshold", &isnull, &present);
         if (present && !isnull && (DatumGetInt32(d) < 0 || DatumGetInt32(d) > 1000000))
             ereport(ERROR,

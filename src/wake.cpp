@@ -38,13 +38,18 @@ void
 od_wake_workers(void)
 {
     int n;
+    int start;
 
     if (od_shared == nullptr)
         return;
     n = Min(od_workers, OD_MAX_WORKERS);
-    for (int i = 0; i < n; i++)
+    if (n <= 0)
+        return;
+    /* start where the previous wake left off, so the work spreads over the workers */
+    start = (int) (pg_atomic_fetch_add_u32(&od_shared->wake_next, 1) % (uint32) n);
+    for (int k = 0; k < n; k++)
     {
-        OdWorkerSlot *w = &od_shared->workers[i];
+        OdWorkerSlot *w = &od_shared->workers[(start + k) % n];
         Latch        *latch = w->latch;
         uint32        expected = 1;
 

@@ -106,6 +106,8 @@ static int              n_pending = 0;
 static int              claim_rotation = 0;
 static TimestampTz      next_quota_at = 0;      /* a refused reservation may succeed then */
 static size_t           outcomes_seen = 0;
+static bool             places_released = false;  /* a request finished: a quota may have room again */
+static bool             claim_quota_full = false; /* the last claim took every place its quotas allowed */
 
 #define FLUSH_AFTER_MS 2
 
@@ -530,7 +532,8 @@ do_claim(int capacity)
         int             q = od_endpoint_reserve(w->slot, &w->lim, capacity, now, &probe, &retry_at);
 
         names[k] = w->name;
-        quotas[k] = q;
+        /* 0 still lets the endpoint's expired leases be taken over; -1 (breaker open) does not */
+        quotas[k] = (q == 0 && !probe && od_endpoint_breaker_open(w->slot)) ? -1 : q;
         total += q;
         if (q == 0 && retry_at != 0 && (next_quota_at == 0 || retry_at < next_quota_at))
             next_quota_at = retry_at;
@@ -540,8 +543,10 @@ do_claim(int capacity)
         n_pending++;
     }
     claim_rotation = m > 0 ? (claim_rotation + 1) % m : 0;
-    if (total == 0)
-        return 0;               /* every endpoint is paused, open or at its limits */
+    places_released = false;
+    if (m == 0)
+        return 0;               /* no enabled endpoint */
+    /* with every quota at 0 the claim still takes over expired leases */
 
     set_state(OD_STATE_CLAIMING);
     begin_tx("claiming messages");
@@ -587,15 +592,22 @@ do_claim(int capacity)
     {
         int s = pending_slots[k];
 
-        if (got[k] < quotas[k])
-            od_endpoint_unreserve(s, quotas[k] - got[k], pending_probes[k] && got[k] == 0);
-        else if (got[k] > quotas[k])
-            od_endpoint_hold(s, got[k] - quotas[k]);    /* expired leases taken over */
+        int q = Max(quotas[k], 0);
+
+        if (got[k] < q)
+            od_endpoint_unreserve(s, q - got[k], pending_probes[k] && got[k] == 0);
+        else if (got[k] > q)
+            od_endpoint_hold(s, got[k] - q);            /* expired leases taken over */
         held_by_slot[s] += got[k];
         if (pending_probes[k] && got[k] > 0)
             probe_by_slot[s] = true;
     }
     n_pending = 0;
+    /* an endpoint used its whole quota: it may have more to claim */
+    claim_quota_full = false;
+    for (int k = 0; k < m; k++)
+        if (quotas[k] > 0 && got[k] >= quotas[k])
+            claim_quota_full = true;
 
     pg_atomic_fetch_add_u64(&slot->claimed, n);
     pg_atomic_fetch_add_u64(&slot->reaped, reaped);
@@ -633,6 +645,7 @@ process_new_outcomes(void)
         if (s < 0 || s >= OD_MAX_ENDPOINTS)
             continue;
         od_endpoint_release(s, 1);
+        places_released = true;
         if (held_by_slot[s] > 0)
             held_by_slot[s]--;
         probe = probe_by_slot[s];
@@ -717,7 +730,16 @@ do_finalize(void)
             it->refund = true;
             it->delay_us = (int64) od_defer_delay_ms * 1000;
             it->error = "HTTP 410 Gone: the endpoint was disabled";
-            gone[n_gone++] = MemoryContextStrdup(cycle_ctx, od_shared->endpoints[o.endpoint_tag].name);
+            /* the full name: the slot keeps only its first OD_ENDPOINT_NAME - 1 bytes */
+            gone[n_gone] = od_shared->endpoints[o.endpoint_tag].name;
+            for (int k = 0; k < n_wendpoints; k++)
+                if (wendpoints[k].slot == o.endpoint_tag)
+                {
+                    gone[n_gone] = wendpoints[k].name;
+                    break;
+                }
+            gone[n_gone] = MemoryContextStrdup(cycle_ctx, gone[n_gone]);
+            n_gone++;
         }
     }
 
@@ -742,7 +764,7 @@ do_finalize(void)
         if (SPI_processed > 0)
             ereport(LOG,
                     (errmsg("outbox_dispatcher: endpoint \"%s\" answered 410 Gone and was disabled", gone[i]),
-                     errhint("Fix the endpoint, then UPDATE outbox.endpoints SET enabled = true.")));
+                     errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint('%s').", gone[i])));
     }
     end_tx();
 
@@ -978,13 +1000,14 @@ od_worker_main(Datum arg)
             int room = batch - outstanding;
 
             if (room >= Max(1, batch / 2) &&
-                (woken || last_claim_full || now >= next_poll || (next_quota_at != 0 && now >= next_quota_at)))
+                (woken || last_claim_full || now >= next_poll || (next_quota_at != 0 && now >= next_quota_at) ||
+                 (places_released && claim_quota_full)))
             {
                 int n;
 
                 woken = false;
                 n = do_claim(room);
-                last_claim_full = (n == room);
+                last_claim_full = (n == room) || claim_quota_full;
                 next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
             }
         }

@@ -89,13 +89,14 @@ fi
 run_pg_regress() {  # layer bin outdir inputdir tests...
     local layer=$1 bin=$2 out=$3 in=$4; shift 4
     rm -rf "$out"; mkdir -p "$out"
+    local rc p f
     "$bin" --host="$CLUSTER" --port="$PORT" --bindir="$PGBIN" --inputdir="$in" --outputdir="$out" \
         "$@" > "$out/run.log" 2>&1
+    rc=$?
     cat "$out/run.log"
-    local p f
     p=$(grep -cE '\.\.\. ok( |$)' "$out/run.log")
     f=$(grep -cE '\.\.\. FAILED' "$out/run.log")
-    [ "$p" = 0 ] && [ "$f" = 0 ] && f=1   # pg_regress itself failed
+    [ $rc != 0 ] && [ "$f" = 0 ] && f=1   # pg_regress itself failed (e.g. aborted)
     [ "$f" != 0 ] && [ -f "$out/regression.diffs" ] && cat "$out/regression.diffs"
     count "$layer" "$p" "$f"
 }

@@ -6,7 +6,9 @@
 # Proves, one endpoint (sink path) per case, all running concurrently:
 #   - 200/201/204 → done after 1 attempt, last_http_status recorded,
 #     last_error NULL;
-#   - 400/401/404/410/422 → dead after 1 attempt, one request only,
+#   - 410 Gone → the endpoint is disabled and the message goes back to
+#     pending with its attempt refunded (0.2.0), one request only;
+#   - 400/401/404/422 → dead after 1 attempt, one request only,
 #     last_http_status and a last_error naming the status and quoting the body;
 #   - 503 twice then 200 → done with attempts 3 (X-Outbox-Attempt 1, 2, 3);
 #     408, 425, 500, 502, 504 → retried (done with attempts 2); connection
@@ -91,7 +93,7 @@ my %cases = (
 	unauth401 => [ { status => 401, body => 'bad token' }, 'dead|1|401', 1, qr/^HTTP 401: bad token$/ ],
 	nf404 => [ { status => 404, body => '{"error":"no such order"}' }, 'dead|1|404', 1,
 		qr/^HTTP 404: \{"error":"no such order"\}$/ ],
-	gone410 => [ { status => 410 }, 'dead|1|410', 1, qr/^HTTP 410/ ],
+	gone410 => [ { status => 410 }, 'pending|0|410', 1, qr/^HTTP 410 Gone: the endpoint was disabled$/ ],
 	unproc422 => [ { status => 422 }, 'dead|1|422', 1, qr/^HTTP 422/ ],
 	flaky503 => [ { fail_first => 2, fail_status => 503, status => 200 }, 'done|3|200', 3, undef ],
 	r408 => [ { fail_first => 1, fail_status => 408, status => 200 }, 'done|2|200', 2, undef ],
@@ -222,7 +224,12 @@ is(scalar @{ reqs_for($sink, '/defer', $id{defer}) }, $deferred_before + 1,
 	'defer: exactly one more request after the switch');
 
 # ------------------------------------------------------------------ final states
-my @all = sort keys %id;
+my @all = grep { $_ ne 'gone410' } sort keys %id;
+ok( poll_until($node, q{SELECT enabled || '|' || disabled_reason FROM outbox.endpoints WHERE name = 'gone410'},
+		'false|HTTP 410 Gone received by the dispatcher', 30),
+	'gone410: the endpoint was disabled, with the reason');
+ok(poll_until($node, "SELECT status FROM outbox.messages WHERE id = $id{gone410}", 'pending', 30),
+	'gone410: the message is pending again, not dead');
 ok( poll_until(
 		$node,
 		'SELECT count(*) FROM outbox.messages WHERE id IN (' . join(',', map { $id{$_} } @all)
@@ -303,14 +310,15 @@ my ($delivered, $retried, $deferred, $dead) = split /\|/, $node->safe_psql('post
 	'SELECT sum(delivered), sum(retried), sum(deferred), sum(dead) FROM outbox.worker_stats');
 # done: ok200 ok201 ok204 flaky503 r408 r425 r500 r502 r504 reset emptyreply timeout ratelimited defer = 14
 is($delivered, 14, 'worker_stats: 14 delivered');
-# dead: 5 x 4xx + exhausted + refused (+ defer_old, finalized as a defer that the database made dead)
-cmp_ok($dead, '>=', 7, "worker_stats: dead counted ($dead)");
+# dead: 4 x 4xx + exhausted + refused (+ defer_old, finalized as a defer that the database made dead)
+cmp_ok($dead, '>=', 6, "worker_stats: dead counted ($dead)");
 # every attempt used but the last was a retry (defers refund theirs): flaky503 2,
 # 408/425/500/502/504 5, reset and empty reply 4, exhausted 2, timeout 2, 429 1, refused 2
 my $expected_retries = $node->safe_psql('postgres',
 	'SELECT sum(greatest(attempts - 1, 0)) FROM outbox.messages');
 is($expected_retries, 18, 'attempts used beyond the first, over all messages: 18');
-is($retried, $expected_retries, "worker_stats: $expected_retries retries (one per attempt used before the last)");
+# plus the 410, put back (attempt refunded) when its endpoint was disabled
+is($retried, $expected_retries + 1, "worker_stats: $expected_retries retries (one per attempt used before the last) + the 410");
 cmp_ok($deferred, '>=', 3, "worker_stats: deferrals counted ($deferred)");
 
 $_->stop for ($sink, values %case_sink);
