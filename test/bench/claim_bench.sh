@@ -166,13 +166,14 @@ CLAIM_SQL=$(extract_sql SQL_CLAIM)
 [ -n "$CLAIM_SQL" ] || { echo "SQL_CLAIM not found in $TRANSITIONS" >&2; exit 1; }
 # the same text with the parameters as literals, as claim('bench', 100, '60 s') binds them
 CLAIM_SQL_LIT=$(printf '%s' "$CLAIM_SQL" | sed -e "s/\\\$1/'bench'::text/g" -e 's/\$2/100/g' \
-                                                -e "s/\\\$3/interval '60 s'/g" -e 's/\$4/12/g')
+                                                -e "s/\\\$3/interval '60 s'/g" -e 's/\$4/12/g' \
+                                                -e 's/\$5/NULL::text[]/g' -e 's/\$6/NULL::integer[]/g')
 
 # Candidate fix, tried here only: the UPDATE reaches the picked rows through the primary key
 # whatever the row estimate, instead of joining the CTE (see the stale-generic-plan section).
 CLAIM_SQL_ALT=$(printf '%s' "$CLAIM_SQL" |
                 sed 's/FROM picked WHERE o\.id = picked\.id/WHERE o.id = ANY (ARRAY(SELECT id FROM picked))/')
-[ "$CLAIM_SQL_ALT" != "$CLAIM_SQL" ] || echo "note: could not derive the ANY(ARRAY(...)) variant of SQL_CLAIM" >&2
+[ "$CLAIM_SQL_ALT" != "$CLAIM_SQL" ] || echo "note: SQL_CLAIM already reaches the picked rows through ANY(ARRAY(...)); the variant is the same statement" >&2
 
 # Section 3.2 of the seed article (outbox-dispatcher-lease-fencing.ja.md), with the table
 # renamed to outbox.messages; max_attempts 12, batch 100, lease 60 s, owner 'bench'.
@@ -328,15 +329,15 @@ show_state bench_b
 # ------------------------------------------------------------------ plans in state B
 section "state B: EXPLAIN (ANALYZE, BUFFERS) of SQL_CLAIM from src/transitions.cpp, rolled back"
 cat > "$WORK/explain.sql" <<EOF
-PREPARE claim_stmt(text, integer, interval, integer) AS $CLAIM_SQL;
+PREPARE claim_stmt(text, integer, interval, integer, text[], integer[]) AS $CLAIM_SQL;
 BEGIN;
 SET LOCAL plan_cache_mode = force_custom_plan;
 \\echo '--- custom plan: EXECUTE claim_stmt(''bench'', 100, ''60 s'', 12)'
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE claim_stmt('bench', 100, '60 s', 12);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE claim_stmt('bench', 100, '60 s', 12, NULL, NULL);
 ROLLBACK;
 BEGIN;
 SET LOCAL plan_cache_mode = force_generic_plan;
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE claim_stmt('bench', 100, '60 s', 12) \\g $WORK/generic.txt
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE claim_stmt('bench', 100, '60 s', 12, NULL, NULL) \\g $WORK/generic.txt
 ROLLBACK;
 EOF
 psql_q bench_b -P pager=off -f "$WORK/explain.sql"
@@ -415,10 +416,10 @@ psql_q bench_b -At -c "
 
 section "state B after the drain loop, before any manual VACUUM: the claim's walk over messages_ready"
 cat > "$WORK/explain2.sql" <<EOF
-PREPARE claim_stmt(text, integer, interval, integer) AS $CLAIM_SQL;
+PREPARE claim_stmt(text, integer, interval, integer, text[], integer[]) AS $CLAIM_SQL;
 BEGIN;
 SET LOCAL plan_cache_mode = force_custom_plan;
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE claim_stmt('bench', 100, '60 s', 12) \\g $WORK/after_drain.txt
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE claim_stmt('bench', 100, '60 s', 12, NULL, NULL) \\g $WORK/after_drain.txt
 ROLLBACK;
 EOF
 psql_q bench_b -f "$WORK/explain2.sql"
@@ -451,8 +452,8 @@ cat > "$WORK/stale.sql" <<EOF
 \set ON_ERROR_STOP 1
 ALTER TABLE outbox.messages SET (autovacuum_enabled = off);
 VACUUM ANALYZE outbox.messages;
-PREPARE cur(text, integer, interval, integer) AS $CLAIM_SQL;
-PREPARE alt(text, integer, interval, integer) AS $CLAIM_SQL_ALT;
+PREPARE cur(text, integer, interval, integer, text[], integer[]) AS $CLAIM_SQL;
+PREPARE alt(text, integer, interval, integer, text[], integer[]) AS $CLAIM_SQL_ALT;
 LOAD 'auto_explain';
 SET auto_explain.log_min_duration = -1;
 SET auto_explain.log_nested_statements = on;
@@ -462,8 +463,8 @@ SET client_min_messages = notice;
 \o /dev/null
 $(for i in 1 2 3 4 5 6; do
     echo "BEGIN; SELECT count(*) FROM outbox.claim('bench', 100, '60 s'); ROLLBACK;"
-    echo "BEGIN; EXECUTE cur('bench', 100, '60 s', 12); ROLLBACK;"
-    echo "BEGIN; EXECUTE alt('bench', 100, '60 s', 12); ROLLBACK;"
+    echo "BEGIN; EXECUTE cur('bench', 100, '60 s', 12, NULL, NULL); ROLLBACK;"
+    echo "BEGIN; EXECUTE alt('bench', 100, '60 s', 12, NULL, NULL); ROLLBACK;"
   done)
 \o
 $(for stage in "empty table, 7th execution (plans now cached)" \
@@ -491,12 +492,12 @@ $(for stage in "empty table, 7th execution (plans now cached)" \
     echo "SET auto_explain.log_min_duration = -1;"
     echo "\\echo '### claim()' :us :n"
     echo "\\echo '### PREPAREd SQL_CLAIM'"
-    echo "BEGIN; EXPLAIN (ANALYZE, COSTS OFF) EXECUTE cur('bench', 100, '60 s', 12); ROLLBACK;"
+    echo "BEGIN; EXPLAIN (ANALYZE, COSTS OFF) EXECUTE cur('bench', 100, '60 s', 12, NULL, NULL); ROLLBACK;"
     echo "\\echo '### PREPAREd SQL_CLAIM with ANY(ARRAY)'"
-    echo "BEGIN; EXPLAIN (ANALYZE, COSTS OFF) EXECUTE alt('bench', 100, '60 s', 12); ROLLBACK;"
+    echo "BEGIN; EXPLAIN (ANALYZE, COSTS OFF) EXECUTE alt('bench', 100, '60 s', 12, NULL, NULL); ROLLBACK;"
     echo "\\echo '### PREPAREd SQL_CLAIM, forced custom'"
     echo "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan;"
-    echo "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE cur('bench', 100, '60 s', 12); ROLLBACK;"
+    echo "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE cur('bench', 100, '60 s', 12, NULL, NULL); ROLLBACK;"
   done)
 EOF
 psql_q bench_c -P pager=off -f "$WORK/stale.sql" > "$WORK/stale.out" 2>&1 || { cat "$WORK/stale.out"; exit 1; }
