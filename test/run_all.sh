@@ -128,7 +128,7 @@ if has_layer tap; then
         perl -I "$PERL_LIB" -I test/tap "$t" > "$log" 2>&1
         rc=$?
         tp=$(grep -cE '^ok [0-9]+' "$log")
-        tf=$(grep -cE '^not ok [0-9]+' "$log")
+        tf=$(grep -E '^not ok [0-9]+' "$log" | grep -cv '# TODO')   # TODO tests are expected to fail
         [ $rc != 0 ] && [ "$tf" = 0 ] && tf=1
         echo "   $t: $tp passed, $tf failed"
         [ "$tf" != 0 ] && { tail -n 60 "$log"; ls tmp_check/log 2>/dev/null; }

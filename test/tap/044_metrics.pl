@@ -281,8 +281,11 @@ ok( poll_until(
 	'messages settled: 8 done, 1 dead, 3 pending');
 ok(poll_until($node, q{SELECT state FROM outbox.endpoint_health WHERE endpoint = 'down'}, 'open', 10),
 	'"down": breaker open');
-# let the workers go idle (their counters stop moving)
-ok(poll_until($node, q{SELECT count(*) FROM outbox.worker_stats WHERE state = 'idle'}, '2', 10), 'workers idle');
+# stop claiming, so that counters stop moving and no claim holds a
+# reservation (a claim in progress counts its reserved places in in_flight)
+$node->safe_psql('postgres', 'ALTER SYSTEM SET outbox_dispatcher.enabled = off; SELECT pg_reload_conf()');
+ok(poll_until($node, q{SELECT count(*) FROM outbox.worker_stats WHERE state = 'paused'}, '2', 10), 'workers paused');
+ok(poll_until($node, q{SELECT sum(in_flight) FROM outbox.endpoint_health}, '0', 10), 'no place held or reserved');
 
 # metrics() byte-exact, as $role (undef: the superuser); returns (text, stderr)
 sub fetch_metrics
