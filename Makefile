@@ -27,6 +27,9 @@ PG_CONFIG ?= pg_config
 override with_llvm = no
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
+# Read by PGXS's clean rule when it is included, so it must be set before.
+EXTRA_CLEAN = test/unit/unit_tests results regression.diffs regression.out output_iso tmp_check
+
 include $(PGXS)
 
 # ---------------------------------------------------------------- unit tests
@@ -62,7 +65,6 @@ clean-unit-asan:
 	rm -f $(GTEST_ASAN_BIN)
 
 .PHONY: unit-asan clean-unit-asan
-EXTRA_CLEAN = $(GTEST_BIN) results regression.diffs regression.out output_iso
 
 print-regress:
 	@echo $(REGRESS)
