@@ -38,44 +38,12 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use OdSink;
-use OdInvariant qw(wait_settled check_invariant poll_until);
+use OdInvariant qw(wait_settled check_invariant poll_until enqueue_n wait_in_flight);
 
 my $t_start = time();
 
 # ------------------------------------------------------------------ helpers
-sub enqueue_n
-{
-	my ($node, $n, $tag) = @_;
-	return $node->safe_psql('postgres',
-		qq{SELECT count(outbox.enqueue('order', '$tag-' || g, 'order.$tag',
-		                                jsonb_build_object('n', g, 'tag', '$tag')))
-		     FROM generate_series(1, $n) AS g});
-}
 
-# Wait until the sink has requests open and a worker reports requests in
-# flight; returns (worker pid, its in_flight, sink in_flight) or ().
-sub wait_in_flight
-{
-	my ($node, $sink, $timeout) = @_;
-	my $deadline = time() + ($timeout // 20);
-	while (time() < $deadline)
-	{
-		my $open = $sink->stats->{in_flight} // 0;
-		if ($open > 0)
-		{
-			my $row = $node->safe_psql('postgres',
-				q{SELECT pid, in_flight FROM outbox.worker_stats
-				   WHERE pid IS NOT NULL AND in_flight > 0 ORDER BY in_flight DESC LIMIT 1});
-			if ($row ne '')
-			{
-				my ($pid, $n) = split /\|/, $row;
-				return ($pid, $n, $open);
-			}
-		}
-		sleep(0.02);
-	}
-	return ();
-}
 
 # ------------------------------------------------------------------ setup
 my $node = PostgreSQL::Test::Cluster->new('fault_immediate');

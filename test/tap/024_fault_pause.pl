@@ -38,20 +38,12 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use OdSink;
-use OdInvariant qw(wait_settled check_invariant poll_until);
+use OdInvariant qw(wait_settled check_invariant poll_until enqueue_n);
 use OdTest qw(wait_workers_cycled);
 
 my $t_start = time();
 
 # ------------------------------------------------------------------ helpers
-sub enqueue_n
-{
-	my ($node, $n, $tag) = @_;
-	return $node->safe_psql('postgres',
-		qq{SELECT count(outbox.enqueue('order', '$tag-' || g, 'order.$tag',
-		                                jsonb_build_object('n', g, 'tag', '$tag')))
-		     FROM generate_series(1, $n) AS g});
-}
 
 sub set_enabled
 {
