@@ -6,7 +6,8 @@
 
 EXTENSION   = outbox_dispatcher
 MODULE_big  = outbox_dispatcher
-DATA        = sql/outbox_dispatcher--0.1.0.sql sql/outbox_dispatcher--0.1.0--0.2.0.sql
+DATA        = sql/outbox_dispatcher--0.1.0.sql sql/outbox_dispatcher--0.1.0--0.2.0.sql \
+              sql/outbox_dispatcher--0.2.0--0.2.1.sql
 PGFILEDESC  = "outbox_dispatcher - transactional outbox delivery from background workers"
 
 CORE_SRCS   = $(sort $(wildcard src/core/*.cpp))
@@ -18,7 +19,7 @@ PG_CXXFLAGS = -std=c++17 -Wno-register -Wno-missing-field-initializers
 SHLIB_LINK  = -lstdc++ -lcurl -lcrypto
 
 # pg_regress suites: sql/<name>.sql inputs, expected/<name>.out.
-REGRESS      = schema enqueue claim finalize ordering operator operations validation privileges views
+REGRESS      = schema enqueue claim finalize ordering operator operations validation privileges views security
 
 PG_CONFIG ?= pg_config
 

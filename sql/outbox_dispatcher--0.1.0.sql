@@ -1,5 +1,5 @@
 /*
- * outbox_dispatcher 0.1.0 — schema, state machine and monitoring surface.
+ * outbox_dispatcher 0.1.0 - schema, state machine and monitoring surface.
  *
  * Rows of outbox.messages move through
  *
@@ -25,6 +25,20 @@
  */
 
 \echo Use "CREATE EXTENSION outbox_dispatcher" to load this file. \quit
+
+-- JSON on the wire is UTF-8 and signatures cover the exact bytes sent: the
+-- database must store text as UTF-8 (see docs/security.md).
+DO $encoding$
+BEGIN
+    IF pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.<>) 'UTF8' THEN
+        RAISE EXCEPTION 'outbox_dispatcher requires a UTF8 database'
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = pg_catalog.format('Database "%s" has encoding %s.',
+                                             pg_catalog.current_database(), pg_catalog.getdatabaseencoding()),
+                  HINT = 'Create the database with ENCODING ''UTF8'' (and TEMPLATE template0), then install the extension there.';
+    END IF;
+END
+$encoding$;
 
 -- ---------------------------------------------------------------- roles
 DO $roles$

@@ -106,16 +106,22 @@ VALUES ('order', '4', 'order.created', '{}', -100);
 INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, lease_version)
 VALUES ('order', '4', 'order.created', '{}', 99);
 
--- Messages cannot be read (not even back through RETURNING), changed or
--- deleted.
+-- Messages cannot be read (only their id, which enqueue() returns, also
+-- through RETURNING), changed or deleted.
 INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload)
 VALUES ('order', '4', 'order.created', '{}') RETURNING id;
-SELECT count(*) FROM outbox.messages;
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload)
+VALUES ('order', '4', 'order.created', '{}') RETURNING payload;
+SELECT payload FROM outbox.messages;
+SELECT status FROM outbox.messages;
 UPDATE outbox.messages SET status = 'done';
 DELETE FROM outbox.messages;
 
--- Endpoints are neither readable nor writable.
-SELECT name FROM outbox.endpoints;
+-- Endpoints: their names and whether they are enabled (what enqueue()
+-- checks), nothing else; not writable.
+SELECT name, enabled FROM outbox.endpoints;
+SELECT url FROM outbox.endpoints;
+SELECT headers FROM outbox.endpoints;
 SELECT signing_secret FROM outbox.endpoints;
 INSERT INTO outbox.endpoints (name, url) VALUES ('evil', 'http://evil.example.com/');
 UPDATE outbox.endpoints SET url = 'http://evil.example.com/';

@@ -19,106 +19,193 @@
  * a capacity of a tenth of a second of tokens (at least one), shared by all
  * workers; one token per claimed message.
  *
- * Locking: od_shared->endpoint_lock (exclusive) only to assign a slot to a
- * new endpoint name; every other access holds the slot's spinlock for a few
- * instructions and calls nothing while holding it.
+ * Slots (see OdEndpointSlot): keyed by (endpoints table oid, endpoint id),
+ * outbox_dispatcher.max_endpoints of them, reclaimed from endpoints the
+ * workers no longer serve when the table is full; every call presents the
+ * generation its reference was made under.
+ *
+ * Locking: od_shared->endpoint_lock (exclusive) only to assign or reclaim a
+ * slot; every other access holds the slot's spinlock for a few instructions
+ * and calls nothing while holding it.
  */
 #include "outbox_dispatcher.h"
 
 extern "C" {
+#include "mb/pg_wchar.h"
 #include "storage/lwlock.h"
 #include "utils/timestamp.h"
 }
 
 #define BREAKER_MAX_COOLDOWN_US (INT64CONST(3600) * USECS_PER_SEC)
 #define BUCKET_SECONDS 0.1
+/* a refused reservation is looked at again at least this often */
+#define MAX_RETRY_WAIT_US (INT64CONST(60) * USECS_PER_SEC)
 
-/*
- * A slot keeps the first OD_ENDPOINT_NAME - 1 bytes of the name: longer names
- * are looked up by that prefix too (comparing the whole name would never
- * match the truncated copy, and every refresh would take another slot until
- * none is left).  Endpoints whose names share those bytes share one state.
- */
-int
-od_endpoint_slot(const char *name)
+static inline OdEndpointSlot *
+slot_of(OdEndpointRef ref)
 {
-    int free_slot = -1;
-    int found = -1;
+    if (od_shared == nullptr || ref.slot < 0 || ref.slot >= od_shared->max_endpoints)
+        return nullptr;
+    return &od_endpoint_slots()[ref.slot];
+}
 
+/* Is ref still the owner of its slot?  Caller holds the slot spinlock. */
+static inline bool
+current(const OdEndpointSlot *e, OdEndpointRef ref)
+{
+    return e->used && e->generation == ref.generation;
+}
+
+static void
+init_slot(OdEndpointSlot *e, Oid relid, int64 id, const char *label)
+{
+    int len = (int) strlen(label);
+
+    e->generation++;
+    e->relid = relid;
+    e->id = id;
+    /* a display copy only: cut at a character boundary */
+    len = pg_mbcliplen(label, len, OD_ENDPOINT_LABEL - 1);
+    memcpy(e->label, label, len);
+    e->label[len] = '\0';
+    e->breaker = OD_BREAKER_CLOSED;
+    e->consecutive_failures = 0;
+    e->trips = 0;
+    e->opened_at = 0;
+    e->next_probe_at = 0;
+    e->probe_taken = false;
+    e->in_flight = 0;
+    e->tokens = -1;             /* filled on first use */
+    e->tokens_cap = 0;
+    e->tokens_at = 0;
+    e->last_status = 0;
+    e->last_success_at = 0;
+    e->last_failure_at = 0;
+    e->last_error[0] = '\0';
+    e->delivered = e->failed = 0;
+    e->latency_count = e->latency_sum_us = e->latency_max_us = 0;
+    memset(e->latency_buckets, 0, sizeof(e->latency_buckets));
+    e->used = true;
+}
+
+static bool
+in_keep(int64 id, const int64 *keep, int n_keep)
+{
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] == id)
+            return true;
+    return false;
+}
+
+bool
+od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, int n_keep,
+                    OdEndpointRef *ref)
+{
+    OdEndpointSlot *slots;
+    int         n;
+    int         found = -1;
+    int         free_slot = -1;
+
+    ref->slot = -1;
+    ref->generation = 0;
     if (od_shared == nullptr)
-        return -1;
-    LWLockAcquire(od_shared->endpoint_lock, LW_SHARED);
-    for (int i = 0; i < OD_MAX_ENDPOINTS; i++)
-    {
-        OdEndpointSlot *e = &od_shared->endpoints[i];
+        return false;
+    slots = od_endpoint_slots();
+    n = od_shared->max_endpoints;
 
-        if (e->used && strncmp(e->name, name, OD_ENDPOINT_NAME - 1) == 0)
+    /* fast path: already assigned (slots are only assigned under the exclusive lock) */
+    LWLockAcquire(od_shared->endpoint_lock, LW_SHARED);
+    for (int i = 0; i < n; i++)
+        if (slots[i].used && slots[i].relid == relid && slots[i].id == id)
         {
             found = i;
             break;
         }
+    if (found >= 0)
+    {
+        SpinLockAcquire(&slots[found].mutex);
+        ref->slot = found;
+        ref->generation = slots[found].generation;
+        SpinLockRelease(&slots[found].mutex);
     }
     LWLockRelease(od_shared->endpoint_lock);
     if (found >= 0)
-        return found;
+        return true;
 
     LWLockAcquire(od_shared->endpoint_lock, LW_EXCLUSIVE);
-    for (int i = 0; i < OD_MAX_ENDPOINTS; i++)
+    for (int i = 0; i < n; i++)
     {
-        OdEndpointSlot *e = &od_shared->endpoints[i];
-
-        if (e->used && strncmp(e->name, name, OD_ENDPOINT_NAME - 1) == 0)
+        if (slots[i].used && slots[i].relid == relid && slots[i].id == id)
         {
             found = i;
             break;
         }
-        if (!e->used && free_slot < 0)
+        if (!slots[i].used && free_slot < 0)
             free_slot = i;
+    }
+    if (found < 0 && free_slot < 0)
+    {
+        /*
+         * Full: reclaim the slot of an endpoint that the caller does not
+         * serve (deleted, disabled, or of a dropped extension) and that has
+         * nothing in flight and no probe out.  Its generation moves on, so
+         * a worker still holding a reference sees it as stale.
+         */
+        for (int i = 0; i < n && free_slot < 0; i++)
+        {
+            OdEndpointSlot *e = &slots[i];
+
+            SpinLockAcquire(&e->mutex);
+            if (e->used && e->in_flight == 0 && !e->probe_taken &&
+                (e->relid != relid || !in_keep(e->id, keep, n_keep)))
+            {
+                e->used = false;
+                e->generation++;
+                free_slot = i;
+            }
+            SpinLockRelease(&e->mutex);
+        }
     }
     if (found < 0 && free_slot >= 0)
     {
-        OdEndpointSlot *e = &od_shared->endpoints[free_slot];
+        OdEndpointSlot *e = &slots[free_slot];
 
         SpinLockAcquire(&e->mutex);
-        strlcpy(e->name, name, OD_ENDPOINT_NAME);
-        e->breaker = OD_BREAKER_CLOSED;
-        e->consecutive_failures = 0;
-        e->trips = 0;
-        e->opened_at = 0;
-        e->next_probe_at = 0;
-        e->probe_taken = false;
-        e->in_flight = 0;
-        e->tokens = -1;         /* filled on first use */
-        e->tokens_at = 0;
-        e->last_status = 0;
-        e->last_success_at = 0;
-        e->last_failure_at = 0;
-        e->last_error[0] = '\0';
-        e->delivered = e->failed = 0;
-        e->latency_count = e->latency_sum_us = e->latency_max_us = 0;
-        memset(e->latency_buckets, 0, sizeof(e->latency_buckets));
-        e->used = true;
+        init_slot(e, relid, id, label);
         SpinLockRelease(&e->mutex);
         found = free_slot;
     }
+    if (found >= 0)
+    {
+        SpinLockAcquire(&slots[found].mutex);
+        ref->slot = found;
+        ref->generation = slots[found].generation;
+        SpinLockRelease(&slots[found].mutex);
+    }
     LWLockRelease(od_shared->endpoint_lock);
-    return found;
+    return found >= 0;
 }
 
 int
-od_endpoint_reserve(int slot, const OdEndpointLimits *lim, int want, TimestampTz now,
-                    bool *probe, TimestampTz *retry_at)
+od_endpoint_reserve(OdEndpointRef ref, const OdEndpointLimits *lim, int want, TimestampTz now,
+                    bool *probe, TimestampTz *retry_at, bool *stale)
 {
-    OdEndpointSlot *e;
+    OdEndpointSlot *e = slot_of(ref);
     int         n = want;
 
     *probe = false;
     *retry_at = 0;
-    if (slot < 0 || od_shared == nullptr)
+    *stale = false;
+    if (e == nullptr)
         return want;
-    e = &od_shared->endpoints[slot];
 
     SpinLockAcquire(&e->mutex);
+    if (!current(e, ref))
+    {
+        SpinLockRelease(&e->mutex);
+        *stale = true;
+        return 0;
+    }
     if (e->breaker == OD_BREAKER_OPEN)
     {
         if (now < e->next_probe_at)
@@ -153,6 +240,7 @@ od_endpoint_reserve(int slot, const OdEndpointLimits *lim, int want, TimestampTz
     {
         double cap = Max(1.0, lim->rate_limit * BUCKET_SECONDS);
 
+        e->tokens_cap = cap;
         if (e->tokens < 0 || e->tokens_at == 0)
         {
             e->tokens = cap;
@@ -163,11 +251,20 @@ od_endpoint_reserve(int slot, const OdEndpointLimits *lim, int want, TimestampTz
             e->tokens = Min(cap, e->tokens + lim->rate_limit * (double) (now - e->tokens_at) / USECS_PER_SEC);
             e->tokens_at = now;
         }
-        if ((int) e->tokens < n)
+        if (e->tokens < n)
         {
+            double wait_us;
+
             n = (int) e->tokens;
-            /* come back when the bucket is full again rather than for every token */
-            *retry_at = now + (int64) ((cap - e->tokens + n) / lim->rate_limit * USECS_PER_SEC) + 1;
+            /*
+             * Come back when the bucket is full again rather than for every
+             * token; computed in floating point and clamped, so that a tiny
+             * rate cannot overflow the deadline into the past.
+             */
+            wait_us = (cap - e->tokens + n) / lim->rate_limit * USECS_PER_SEC;
+            if (!(wait_us < (double) MAX_RETRY_WAIT_US))
+                wait_us = (double) MAX_RETRY_WAIT_US;
+            *retry_at = now + (int64) wait_us + 1;
         }
         e->tokens -= n;
     }
@@ -184,79 +281,90 @@ od_endpoint_reserve(int slot, const OdEndpointLimits *lim, int want, TimestampTz
 }
 
 bool
-od_endpoint_breaker_open(int slot)
+od_endpoint_breaker_open(OdEndpointRef ref)
 {
-    OdEndpointSlot *e;
+    OdEndpointSlot *e = slot_of(ref);
     bool        open;
 
-    if (slot < 0 || od_shared == nullptr)
+    if (e == nullptr)
         return false;
-    e = &od_shared->endpoints[slot];
     SpinLockAcquire(&e->mutex);
-    open = (e->breaker != OD_BREAKER_CLOSED);
+    open = current(e, ref) && (e->breaker != OD_BREAKER_CLOSED);
     SpinLockRelease(&e->mutex);
     return open;
 }
 
 void
-od_endpoint_unreserve(int slot, int n, bool probe)
+od_endpoint_unreserve(OdEndpointRef ref, int n, bool probe)
 {
-    OdEndpointSlot *e;
+    OdEndpointSlot *e = slot_of(ref);
 
-    if (slot < 0 || od_shared == nullptr || (n <= 0 && !probe))
+    if (e == nullptr || (n <= 0 && !probe))
         return;
-    e = &od_shared->endpoints[slot];
     SpinLockAcquire(&e->mutex);
+    if (!current(e, ref))
+    {
+        SpinLockRelease(&e->mutex);
+        return;
+    }
     n = Max(n, 0);
     e->in_flight = Max(0, e->in_flight - n);
+    /* unused tokens go back, but never above the bucket's capacity */
     if (e->tokens >= 0)
-        e->tokens += n;
+        e->tokens = Min(e->tokens + n, Max(e->tokens_cap, 1.0));
     if (probe)
         e->probe_taken = false;     /* nothing was claimed: the next claim may probe */
     SpinLockRelease(&e->mutex);
 }
 
-void
-od_endpoint_hold(int slot, int n)
+bool
+od_endpoint_hold(OdEndpointRef ref, int n)
 {
-    OdEndpointSlot *e;
+    OdEndpointSlot *e = slot_of(ref);
+    bool        ok;
 
-    if (slot < 0 || od_shared == nullptr || n <= 0)
-        return;
-    e = &od_shared->endpoints[slot];
+    if (n <= 0 || e == nullptr)
+        return true;            /* nothing to count, or no shared state for it */
     SpinLockAcquire(&e->mutex);
-    e->in_flight += n;
+    ok = current(e, ref);
+    if (ok)
+        e->in_flight += n;
+    SpinLockRelease(&e->mutex);
+    return ok;
+}
+
+void
+od_endpoint_release(OdEndpointRef ref, int n)
+{
+    OdEndpointSlot *e = slot_of(ref);
+
+    if (e == nullptr || n <= 0)
+        return;
+    SpinLockAcquire(&e->mutex);
+    if (current(e, ref))
+        e->in_flight = Max(0, e->in_flight - n);
     SpinLockRelease(&e->mutex);
 }
 
 void
-od_endpoint_release(int slot, int n)
-{
-    OdEndpointSlot *e;
-
-    if (slot < 0 || od_shared == nullptr || n <= 0)
-        return;
-    e = &od_shared->endpoints[slot];
-    SpinLockAcquire(&e->mutex);
-    e->in_flight = Max(0, e->in_flight - n);
-    SpinLockRelease(&e->mutex);
-}
-
-void
-od_endpoint_result(int slot, const OdEndpointLimits *lim, OdEndpointResult r, int http_status,
+od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, OdEndpointResult r, int http_status,
                    double latency_ms, const char *error, bool probe, TimestampTz now)
 {
-    OdEndpointSlot *e;
+    OdEndpointSlot *e = slot_of(ref);
     uint64      us = latency_ms <= 0 ? 0 : (uint64) (latency_ms * 1000.0);
     int         b = 0;
 
-    if (slot < 0 || od_shared == nullptr)
+    if (e == nullptr)
         return;
     while (b < OD_LATENCY_BUCKETS - 1 && us >= (UINT64CONST(1) << b))
         b++;
-    e = &od_shared->endpoints[slot];
 
     SpinLockAcquire(&e->mutex);
+    if (!current(e, ref))
+    {
+        SpinLockRelease(&e->mutex);
+        return;
+    }
     if (http_status > 0)
         e->last_status = http_status;
     if (latency_ms >= 0)

@@ -11,6 +11,7 @@
  * last_error is under its slot spinlock.  No lock is taken on a hot path.
  */
 #include "outbox_dispatcher.h"
+#include "core/validate.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -38,6 +39,10 @@ int   od_max_defer_age_s = 86400;
 int   od_retention_s = 7 * 86400;
 char *od_source = nullptr;
 int   od_max_payload_bytes = 1024 * 1024;
+int   od_max_header_bytes = 16384;
+int   od_max_headers = 64;
+int   od_max_schedule_ahead_s = 366 * 86400;
+int   od_max_endpoints = 1024;
 char *od_ca_file = nullptr;
 
 OdShared *od_shared = nullptr;
@@ -45,12 +50,18 @@ OdShared *od_shared = nullptr;
 static shmem_request_hook_type prev_shmem_request_hook = nullptr;
 static shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
 
+Size
+od_shared_size(void)
+{
+    return add_size(MAXALIGN(sizeof(OdShared)), mul_size(sizeof(OdEndpointSlot), (Size) od_max_endpoints));
+}
+
 static void
 od_shmem_request(void)
 {
     if (prev_shmem_request_hook)
         prev_shmem_request_hook();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(OdShared)));
+    RequestAddinShmemSpace(od_shared_size());
     RequestNamedLWLockTranche("outbox_dispatcher", 1);
 }
 
@@ -63,10 +74,12 @@ od_shmem_startup(void)
         prev_shmem_startup_hook();
 
     LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    od_shared = (OdShared *) ShmemInitStruct("outbox_dispatcher", sizeof(OdShared), &found);
+    od_shared = (OdShared *) ShmemInitStruct("outbox_dispatcher", od_shared_size(), &found);
     if (!found)
     {
-        memset(od_shared, 0, sizeof(OdShared));
+        memset(od_shared, 0, od_shared_size());
+        od_shared->max_endpoints = od_max_endpoints;
+        pg_atomic_init_u32(&od_shared->endpoints_unserved, 0);
         pg_atomic_init_u64(&od_shared->lost_leases, 0);
         pg_atomic_init_u32(&od_shared->wake_next, 0);
         for (int i = 0; i < OD_MAX_WORKERS; i++)
@@ -86,10 +99,33 @@ od_shmem_startup(void)
             SpinLockInit(&w->mutex);
         }
         od_shared->endpoint_lock = &(GetNamedLWLockTranche("outbox_dispatcher"))->lock;
-        for (int i = 0; i < OD_MAX_ENDPOINTS; i++)
-            SpinLockInit(&od_shared->endpoints[i].mutex);
+        for (int i = 0; i < od_max_endpoints; i++)
+            SpinLockInit(&od_endpoint_slots()[i].mutex);
     }
     LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * outbox_dispatcher.source goes into every request as the ce-source header:
+ * the same rules as any header value (no CR, LF or other control
+ * character, not blank), checked when the configuration is read, so that
+ * postgresql.conf cannot inject a header either.
+ */
+static bool
+od_check_source(char **newval, void **extra, GucSource source)
+{
+    const char *problem;
+
+    if (*newval == nullptr || (*newval)[0] == '\0')
+        return true;            /* empty: the default /postgresql/<database>/outbox */
+    problem = od::check_header_value(*newval, strlen(*newval));
+    if (problem)
+    {
+        GUC_check_errmsg("outbox_dispatcher.source %s", problem);
+        GUC_check_errdetail("It is sent in the ce-source header of every request.");
+        return false;
+    }
+    return true;
 }
 
 static void
@@ -152,11 +188,28 @@ od_define_gucs(void)
     DefineCustomStringVariable("outbox_dispatcher.source",
                                "CloudEvents source attribute (empty: /postgresql/<database>/outbox).",
                                NULL, &od_source, "",
-                               PGC_SIGHUP, 0, NULL, NULL, NULL);
+                               PGC_SIGHUP, 0, od_check_source, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_payload_bytes",
                             "Largest payload accepted, measured as the JSON text sent.",
                             NULL, &od_max_payload_bytes, 1024 * 1024, 1, 1024 * 1024 * 1024,
                             PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.max_header_bytes",
+                            "Largest total size of one message's extra headers (names and values).",
+                            NULL, &od_max_header_bytes, 16384, 0, 1024 * 1024,
+                            PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.max_headers",
+                            "Largest number of extra headers one message may carry.",
+                            NULL, &od_max_headers, 64, 0, 1000,
+                            PGC_SUSET, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.max_schedule_ahead",
+                            "How far in the future a message's available_at may be when it is enqueued.",
+                            NULL, &od_max_schedule_ahead_s, 366 * 86400, 1, INT_MAX,
+                            PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.max_endpoints",
+                            "Endpoints whose shared state (breaker, limits, statistics) the workers can keep.",
+                            "Enabled endpoints beyond this number are not served.",
+                            &od_max_endpoints, 1024, 16, 100000,
+                            PGC_POSTMASTER, 0, NULL, NULL, NULL);
 
     DefineCustomStringVariable("outbox_dispatcher.ca_file",
                                "CA bundle used to verify endpoints' TLS certificates (empty: the system store).",

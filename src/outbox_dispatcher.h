@@ -27,6 +27,9 @@ extern "C" {
 #include "utils/timestamp.h"
 }
 
+/* The library's version: the newest schema it serves, and the User-Agent. */
+#define OD_LIBRARY_VERSION "0.2.1"
+
 /* ---------------------------------------------------------------- GUCs (module.cpp) */
 extern char *od_database;
 extern char *od_role;
@@ -43,6 +46,10 @@ extern int   od_max_defer_age_s;
 extern int   od_retention_s;
 extern char *od_source;
 extern int   od_max_payload_bytes;
+extern int   od_max_header_bytes;
+extern int   od_max_headers;
+extern int   od_max_schedule_ahead_s;
+extern int   od_max_endpoints;
 extern char *od_ca_file;
 
 /* ---------------------------------------------------------------- shared memory (module.cpp) */
@@ -93,13 +100,21 @@ typedef struct OdWorkerSlot
 /*
  * Per-endpoint state shared by all workers (endpoint_state.cpp): the
  * circuit breaker, the cluster-wide in-flight count behind max_in_flight,
- * the token bucket behind rate_limit, and delivery statistics.  Slots are
- * assigned by name under od_shared->endpoint_lock (taken only when a worker
- * refreshes its endpoint list); everything else is under the slot spinlock.
- * State lives only in shared memory: a restart closes every breaker.
+ * the token bucket behind rate_limit, and delivery statistics.
+ *
+ * A slot is keyed by the endpoint's stable identity (the oid of the
+ * outbox.endpoints table and the row's id), never by its name: renames keep
+ * their state, and an endpoint of a re-created extension never inherits a
+ * dropped one's.  There are outbox_dispatcher.max_endpoints slots.  A slot
+ * is assigned under od_shared->endpoint_lock and reclaimed, when the table
+ * is full, from endpoints that no longer exist or are disabled and have
+ * nothing in flight; every reuse bumps its generation, and every call below
+ * presents the generation its caller saw, so a worker holding a stale
+ * reference can never touch the new owner's state.  Everything else is
+ * under the slot spinlock.  State lives only in shared memory: a restart
+ * closes every breaker.
  */
-#define OD_MAX_ENDPOINTS 256
-#define OD_ENDPOINT_NAME 128
+#define OD_ENDPOINT_LABEL 64       /* display copy of the name (truncated) */
 
 typedef enum OdBreakerState
 {
@@ -110,9 +125,12 @@ typedef enum OdBreakerState
 
 typedef struct OdEndpointSlot
 {
-    bool        used;
-    char        name[OD_ENDPOINT_NAME];
     slock_t     mutex;
+    bool        used;
+    uint32      generation;         /* bumped whenever the slot changes hands */
+    Oid         relid;              /* outbox.endpoints of this key */
+    int64       id;                 /* outbox.endpoints.id (or a name hash on 0.2.0 schemas) */
+    char        label[OD_ENDPOINT_LABEL];
     /* circuit breaker */
     int         breaker;            /* OdBreakerState */
     int         consecutive_failures;
@@ -123,6 +141,7 @@ typedef struct OdEndpointSlot
     /* limits */
     int         in_flight;          /* claimed by some worker, not yet answered */
     double      tokens;             /* rate limit bucket */
+    double      tokens_cap;         /* its capacity when last refilled */
     TimestampTz tokens_at;
     /* statistics */
     int         last_status;
@@ -141,13 +160,43 @@ typedef struct OdShared
 {
     pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
     pg_atomic_uint32 wake_next;     /* where the next wake starts looking for an idle worker */
+    pg_atomic_uint32 endpoints_unserved; /* enabled endpoints the last refresh found no slot for */
+    int              max_endpoints; /* slots in od_endpoint_slots() */
     OdWorkerSlot     workers[OD_MAX_WORKERS];
-    LWLock          *endpoint_lock; /* assigns endpoint slots */
-    OdEndpointSlot   endpoints[OD_MAX_ENDPOINTS];
+    LWLock          *endpoint_lock; /* assigns and reclaims endpoint slots */
 } OdShared;
 
+/* Shared memory needed for OdShared and its endpoint slots. */
+extern Size od_shared_size(void);
 /* NULL unless the library was loaded by shared_preload_libraries. */
 extern OdShared *od_shared;
+
+/* The endpoint slots, right after OdShared in the same shared memory chunk. */
+static inline OdEndpointSlot *
+od_endpoint_slots(void)
+{
+    return (OdEndpointSlot *) ((char *) od_shared + MAXALIGN(sizeof(OdShared)));
+}
+
+/* ---------------------------------------------------------------- search_path (guard.cpp) */
+
+/*
+ * Every statement the extension runs is parsed with this search_path, so
+ * that no object a producer created (for instance in a public schema it
+ * owns) can ever be picked by name resolution.  The workers set it for their
+ * whole session; SQL-callable functions pin it around their SPI work.
+ */
+#define OD_SAFE_SEARCH_PATH "pg_catalog, pg_temp"
+
+/* Pin search_path for the current function; returns the GUC nest level to pass to unpin. */
+extern int  od_pin_search_path(void);
+extern void od_unpin_search_path(int nestlevel);
+/* SPI_connect + pin, and unpin + SPI_finish. */
+extern int  od_spi_connect(void);
+extern void od_spi_finish(int nestlevel);
+
+/* Saturating interval -> microseconds (months as 30 days; infinite intervals saturate). */
+extern int64 od_interval_us(const Interval *iv);
 
 /* ---------------------------------------------------------------- transitions (transitions.cpp) */
 
@@ -165,6 +214,7 @@ typedef struct OdFinalize
 {
     int64       id;
     int64       lease_version;
+    TimestampTz lease_until;    /* the claim's lease deadline, part of the fence; 0 = not checked */
     OdVerdict   verdict;
     int64       delay_us;       /* OD_RETRY: delay before the next attempt */
     bool        refund;         /* OD_RETRY: give the attempt back */
@@ -179,13 +229,15 @@ typedef struct OdFinalize
 /*
  * Reap exhausted expired leases, then lease up to batch ready messages,
  * taking at most quotas[i] of endpoints[i] (n_endpoints < 0: every enabled
- * endpoint, up to batch each).
+ * endpoint, up to batch each); expired leases of endpoints[i] are taken
+ * over only where takeover[i] (NULL: everywhere).
  * Must be called inside a transaction, connected to SPI; the claimed rows
  * are left in SPI_tuptable (SPI_processed of them).  Returns the number of
  * rows reaped to dead.
  */
 extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
-                       const char *const *endpoints, const int *quotas, int n_endpoints);
+                       const char *const *endpoints, const int *quotas, const bool *takeover,
+                       int n_endpoints);
 
 /*
  * Apply n fenced finalizes in one statement.  Sets items[i].applied; lost
@@ -220,26 +272,45 @@ typedef struct OdEndpointLimits
     int64   breaker_cooldown_us;    /* first open period; doubles per trip */
 } OdEndpointLimits;
 
-/* Find or create the slot of an endpoint; -1 when the table is full. */
-extern int  od_endpoint_slot(const char *name);
+/*
+ * A worker's reference to an endpoint slot: the index and the generation it
+ * was assigned under.  Every call checks the generation and does nothing
+ * (reserve: grants nothing) when the slot has changed hands since.
+ */
+typedef struct OdEndpointRef
+{
+    int     slot;                   /* -1: none */
+    uint32  generation;
+} OdEndpointRef;
+
+/*
+ * Find or assign the slot of endpoint (relid, id); label is a display name.
+ * When every slot is taken, slots whose key is not in keep (the caller's
+ * current list of enabled endpoint ids of the same relid, n_keep of them)
+ * and that have nothing in flight are reclaimed first.  Returns false when
+ * no slot can be had.
+ */
+extern bool od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, int n_keep,
+                                OdEndpointRef *ref);
 
 /*
  * How many messages of this endpoint a worker may claim now (0..want), and
  * reserve them: breaker (open: 0; cool-down over: one probe), cluster-wide
  * max_in_flight, and the rate-limit bucket.  *probe is set when the
  * reservation is the half-open probe.  *retry_at is set to when a refused
- * reservation could succeed (0 = unknown).
+ * reservation could succeed (0 = unknown).  *stale is set when the slot
+ * changed hands (refresh the endpoint list).
  */
-extern int  od_endpoint_reserve(int slot, const OdEndpointLimits *lim, int want, TimestampTz now,
-                                bool *probe, TimestampTz *retry_at);
+extern int  od_endpoint_reserve(OdEndpointRef ref, const OdEndpointLimits *lim, int want, TimestampTz now,
+                                bool *probe, TimestampTz *retry_at, bool *stale);
 /* Is the endpoint's breaker open or half-open? */
-extern bool od_endpoint_breaker_open(int slot);
+extern bool od_endpoint_breaker_open(OdEndpointRef ref);
 /* Give back reservations that the claim did not use. */
-extern void od_endpoint_unreserve(int slot, int n, bool probe);
-/* A claim took more than it reserved (expired leases): count them in flight. */
-extern void od_endpoint_hold(int slot, int n);
+extern void od_endpoint_unreserve(OdEndpointRef ref, int n, bool probe);
+/* A claim took more than it reserved (expired leases): count them in flight; false if stale. */
+extern bool od_endpoint_hold(OdEndpointRef ref, int n);
 /* A request finished (or was abandoned): release its in-flight place. */
-extern void od_endpoint_release(int slot, int n);
+extern void od_endpoint_release(OdEndpointRef ref, int n);
 
 typedef enum OdEndpointResult
 {
@@ -249,14 +320,11 @@ typedef enum OdEndpointResult
 } OdEndpointResult;
 
 /* Record one result: statistics and breaker transitions. */
-extern void od_endpoint_result(int slot, const OdEndpointLimits *lim, OdEndpointResult r,
+extern void od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, OdEndpointResult r,
                                int http_status, double latency_ms, const char *error, bool probe,
                                TimestampTz now);
 
 /* ---------------------------------------------------------------- workers (worker.cpp) */
 extern void od_register_workers(void);
-
-/* Interval -> microseconds (months counted as 30 days, like interval_cmp). */
-extern int64 od_interval_us(const Interval *iv);
 
 #endif /* OUTBOX_DISPATCHER_H */

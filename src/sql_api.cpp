@@ -105,9 +105,9 @@ od_enqueue_sql(PG_FUNCTION_ARGS)
         values[5] = BoolGetDatum(false);
     }
 
-    SPI_connect();
+    int level = od_spi_connect();
     id = od_enqueue(values, nulls);
-    SPI_finish();
+    od_spi_finish(level);
     PG_RETURN_INT64(id);
 }
 
@@ -123,6 +123,7 @@ od_claim_sql(PG_FUNCTION_ARGS)
     int         max_attempts;
     MemoryContext per_query;
     MemoryContext oldcxt;
+    int         level;
     Tuplestorestate *store;
     TupleDesc   tupdesc;
 
@@ -157,13 +158,22 @@ od_claim_sql(PG_FUNCTION_ARGS)
     store = tuplestore_begin_heap(true, false, work_mem);
     MemoryContextSwitchTo(oldcxt);
 
-    SPI_connect();
-    od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, -1);
+    level = od_spi_connect();
+    od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, -1);
     oldcxt = MemoryContextSwitchTo(per_query);
-    for (uint64 i = 0; i < SPI_processed; i++)
-        tuplestore_puttuple(store, SPI_tuptable->vals[i]);
+    {
+        /* the claim returns the lease deadline too (the workers' fence); the SQL API returns OD_CLAIM_NATTS */
+        Datum values[OD_CLAIM_NATTS + 1];
+        bool  isnull[OD_CLAIM_NATTS + 1];
+
+        for (uint64 i = 0; i < SPI_processed; i++)
+        {
+            heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, values, isnull);
+            tuplestore_putvalues(store, tupdesc, values, isnull);
+        }
+    }
     MemoryContextSwitchTo(oldcxt);
-    SPI_finish();
+    od_spi_finish(level);
 
     rsinfo->returnMode = SFRM_Materialize;
     rsinfo->setResult = store;
@@ -176,9 +186,9 @@ od_claim_sql(PG_FUNCTION_ARGS)
 static bool
 finalize_one(OdFinalize *item)
 {
-    SPI_connect();
+    int level = od_spi_connect();
     od_finalize(item, 1);
-    SPI_finish();
+    od_spi_finish(level);
     return item->applied;
 }
 
@@ -238,9 +248,9 @@ od_retry_sql(PG_FUNCTION_ARGS)
     bool ok;
 
     require_arg(fcinfo, 0, "id");
-    SPI_connect();
+    int level = od_spi_connect();
     ok = od_retry(PG_GETARG_INT64(0));
-    SPI_finish();
+    od_spi_finish(level);
     if (ok)
         od_wake_at_commit();
     PG_RETURN_BOOL(ok);
@@ -253,9 +263,9 @@ od_retry_dead_sql(PG_FUNCTION_ARGS)
     const char *event_type = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
     uint64      n;
 
-    SPI_connect();
+    int level = od_spi_connect();
     n = od_retry_dead(endpoint, event_type);
-    SPI_finish();
+    od_spi_finish(level);
     if (n > 0)
         od_wake_at_commit();
     PG_RETURN_INT64((int64) n);
@@ -268,9 +278,9 @@ od_skip_sql(PG_FUNCTION_ARGS)
 
     require_arg(fcinfo, 0, "id");
     require_nonempty_text(fcinfo, 1, "reason");
-    SPI_connect();
+    int level = od_spi_connect();
     ok = od_skip(PG_GETARG_INT64(0), text_to_cstring(PG_GETARG_TEXT_PP(1)));
-    SPI_finish();
+    od_spi_finish(level);
     if (ok)
         od_wake_at_commit();    /* may unblock an ordered aggregate */
     PG_RETURN_BOOL(ok);
@@ -282,9 +292,9 @@ od_purge_sql(PG_FUNCTION_ARGS)
     int64  older_than = positive_interval_arg(fcinfo, 0, "older_than", true);
     uint64 n;
 
-    SPI_connect();
+    int level = od_spi_connect();
     n = od_purge(older_than, 0);
-    SPI_finish();
+    od_spi_finish(level);
     PG_RETURN_INT64((int64) n);
 }
 
@@ -310,9 +320,9 @@ od_replay_sql(PG_FUNCTION_ARGS)
                  errmsg("from_id must not be greater than to_id"),
                  errdetail("The range given is %lld to %lld.", (long long) from_id, (long long) to_id)));
     endpoint = PG_ARGISNULL(2) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(2));
-    SPI_connect();
+    int level = od_spi_connect();
     n = od_replay(from_id, to_id, endpoint);
-    SPI_finish();
+    od_spi_finish(level);
     if (n > 0)
         od_wake_at_commit();
     PG_RETURN_INT64((int64) n);
@@ -361,7 +371,7 @@ od_move_messages_sql(PG_FUNCTION_ARGS)
                      errhint("Messages in flight (processing) finish first; delivered ones (done) stay where they were delivered.")));
     }
 
-    SPI_connect();
+    int level = od_spi_connect();
     {
         Oid   types[1] = {TEXTOID};
         Datum args[1] = {CStringGetTextDatum(to)};
@@ -376,7 +386,7 @@ od_move_messages_sql(PG_FUNCTION_ARGS)
                 (errcode(ERRCODE_UNDEFINED_OBJECT),
                  errmsg("endpoint \"%s\" does not exist", to)));
     n = od_move(from, to, PointerGetDatum(arr));
-    SPI_finish();
+    od_spi_finish(level);
     if (n > 0)
         od_wake_at_commit();
     PG_RETURN_INT64((int64) n);

@@ -106,29 +106,34 @@ od_worker_stats_sql(PG_FUNCTION_ARGS)
 /*
  * outbox._endpoint_health(): one row per endpoint known to the workers'
  * shared state (breaker, cluster-wide in-flight count, delivery statistics).
- * The view outbox.endpoint_health joins it to outbox.endpoints.
+ * The view outbox.endpoint_health joins it to outbox.endpoints by the slot's
+ * key (the table's oid and the endpoint id).  Two shapes: the 0.2.0 one
+ * (first column the name, as far as the slot keeps it) for a schema that
+ * was not updated yet, and the 0.2.1 one (relid, id, then the same columns).
  */
 extern "C" {
 PG_FUNCTION_INFO_V1(od_endpoint_health_sql);
+PG_FUNCTION_INFO_V1(od_endpoint_health_v2_sql);
+PG_FUNCTION_INFO_V1(od_endpoints_unserved_sql);
 }
 
 static const char *const breaker_names[] = {"closed", "open", "half_open"};
 
-extern "C" Datum
-od_endpoint_health_sql(PG_FUNCTION_ARGS)
+static void
+endpoint_health_rows(FunctionCallInfo fcinfo, bool keyed)
 {
     ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+    int         off = keyed ? 2 : 1;
 
     InitMaterializedSRF(fcinfo, 0);
     if (od_shared == nullptr)
-        return (Datum) 0;
-
-    for (int i = 0; i < OD_MAX_ENDPOINTS; i++)
+        return;
+    for (int i = 0; i < od_shared->max_endpoints; i++)
     {
-        OdEndpointSlot *e = &od_shared->endpoints[i];
+        OdEndpointSlot *e = &od_endpoint_slots()[i];
         OdEndpointSlot  c;
-        Datum           values[17];
-        bool            nulls[17];
+        Datum           values[18];
+        bool            nulls[18];
 
         if (!e->used)
             continue;
@@ -137,36 +142,63 @@ od_endpoint_health_sql(PG_FUNCTION_ARGS)
         SpinLockRelease(&e->mutex);
         if (!c.used)
             continue;
-
         memset(nulls, 0, sizeof(nulls));
-        values[0] = CStringGetTextDatum(c.name);
-        values[1] = CStringGetTextDatum(breaker_names[c.breaker >= 0 && c.breaker <= 2 ? c.breaker : 0]);
-        values[2] = Int32GetDatum(c.consecutive_failures);
-        values[3] = Int32GetDatum(c.trips);
-        values[4] = TimestampTzGetDatum(c.opened_at);
-        nulls[4] = (c.breaker == OD_BREAKER_CLOSED || c.opened_at == 0);
-        values[5] = TimestampTzGetDatum(c.next_probe_at);
-        nulls[5] = (c.breaker == OD_BREAKER_CLOSED || c.next_probe_at == 0);
-        values[6] = Int32GetDatum(c.in_flight);
-        values[7] = Int32GetDatum(c.last_status);
-        nulls[7] = (c.last_status == 0);
-        values[8] = CStringGetTextDatum(c.last_error);
-        nulls[8] = (c.last_error[0] == '\0');
-        values[9] = TimestampTzGetDatum(c.last_success_at);
-        nulls[9] = (c.last_success_at == 0);
-        values[10] = TimestampTzGetDatum(c.last_failure_at);
-        nulls[10] = (c.last_failure_at == 0);
-        values[11] = Int64GetDatum((int64) c.delivered);
-        values[12] = Int64GetDatum((int64) c.failed);
-        values[13] = Float8GetDatum(c.latency_count ? (double) c.latency_sum_us / c.latency_count / 1000.0 : 0);
-        nulls[13] = (c.latency_count == 0);
-        values[14] = Float8GetDatum(percentile_ms(c.latency_buckets, c.latency_count, 0.50));
-        nulls[14] = (c.latency_count == 0);
-        values[15] = Float8GetDatum(percentile_ms(c.latency_buckets, c.latency_count, 0.99));
-        nulls[15] = (c.latency_count == 0);
-        values[16] = Float8GetDatum((double) c.latency_max_us / 1000.0);
-        nulls[16] = (c.latency_count == 0);
+        if (keyed)
+        {
+            values[0] = ObjectIdGetDatum(c.relid);
+            values[1] = Int64GetDatum(c.id);
+        }
+        else
+            values[0] = CStringGetTextDatum(c.label);
+        values[off + 0] = CStringGetTextDatum(breaker_names[c.breaker >= 0 && c.breaker <= 2 ? c.breaker : 0]);
+        values[off + 1] = Int32GetDatum(c.consecutive_failures);
+        values[off + 2] = Int32GetDatum(c.trips);
+        values[off + 3] = TimestampTzGetDatum(c.opened_at);
+        nulls[off + 3] = (c.breaker == OD_BREAKER_CLOSED || c.opened_at == 0);
+        values[off + 4] = TimestampTzGetDatum(c.next_probe_at);
+        nulls[off + 4] = (c.breaker == OD_BREAKER_CLOSED || c.next_probe_at == 0);
+        values[off + 5] = Int32GetDatum(c.in_flight);
+        values[off + 6] = Int32GetDatum(c.last_status);
+        nulls[off + 6] = (c.last_status == 0);
+        values[off + 7] = CStringGetTextDatum(c.last_error);
+        nulls[off + 7] = (c.last_error[0] == '\0');
+        values[off + 8] = TimestampTzGetDatum(c.last_success_at);
+        nulls[off + 8] = (c.last_success_at == 0);
+        values[off + 9] = TimestampTzGetDatum(c.last_failure_at);
+        nulls[off + 9] = (c.last_failure_at == 0);
+        values[off + 10] = Int64GetDatum((int64) c.delivered);
+        values[off + 11] = Int64GetDatum((int64) c.failed);
+        values[off + 12] = Float8GetDatum(c.latency_count ? (double) c.latency_sum_us / c.latency_count / 1000.0 : 0);
+        nulls[off + 12] = (c.latency_count == 0);
+        values[off + 13] = Float8GetDatum(percentile_ms(c.latency_buckets, c.latency_count, 0.50));
+        nulls[off + 13] = (c.latency_count == 0);
+        values[off + 14] = Float8GetDatum(percentile_ms(c.latency_buckets, c.latency_count, 0.99));
+        nulls[off + 14] = (c.latency_count == 0);
+        values[off + 15] = Float8GetDatum((double) c.latency_max_us / 1000.0);
+        nulls[off + 15] = (c.latency_count == 0);
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     }
+}
+
+extern "C" Datum
+od_endpoint_health_sql(PG_FUNCTION_ARGS)
+{
+    endpoint_health_rows(fcinfo, false);
     return (Datum) 0;
+}
+
+extern "C" Datum
+od_endpoint_health_v2_sql(PG_FUNCTION_ARGS)
+{
+    endpoint_health_rows(fcinfo, true);
+    return (Datum) 0;
+}
+
+/* outbox._endpoints_unserved(): enabled endpoints the workers found no slot for at their last refresh. */
+extern "C" Datum
+od_endpoints_unserved_sql(PG_FUNCTION_ARGS)
+{
+    if (od_shared == nullptr)
+        PG_RETURN_NULL();
+    PG_RETURN_INT32((int32) pg_atomic_read_u32(&od_shared->endpoints_unserved));
 }

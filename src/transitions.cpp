@@ -38,7 +38,17 @@
  *   claim order.
  *
  * Finalize (od_finalize): one UPDATE for any number of results, each fenced
- * on (id, status = 'processing', lease_version).  The status test is written
+ * on (id, status = 'processing', lease_version) and, for the workers, on
+ * the claim's lease deadline too.  (id, lease_version) alone repeats over
+ * time: after DROP EXTENSION ... CASCADE and CREATE EXTENSION, after a
+ * restore into a served database, or after TRUNCATE ... RESTART IDENTITY,
+ * a new message 1 claimed once has lease_version 1 again, and a result still
+ * held for the old message 1 would land on it.  lease_until is now() of the
+ * claim transaction plus the lease: a later claim of any row, in any
+ * incarnation of the table, has a later deadline unless the clock steps
+ * back to the microsecond — so (id, lease_version, lease_until) names one
+ * claim.  The SQL API (mark_done and friends) fences on (id, lease_version),
+ * as documented.  The status test is written
  * "(status = 'processing') IS TRUE" (same meaning: status is NOT NULL) so
  * that the planner cannot match it to messages_leased and walk that whole
  * index (and its not-yet-vacuumed entries): the join must probe the primary
@@ -78,22 +88,22 @@ static const char *const SQL_REAP =
     "     FOR UPDATE SKIP LOCKED) "
     "UPDATE outbox.messages AS m"
     "   SET status = 'dead', lease_owner = NULL, lease_until = NULL,"
-    "       last_error = format('lease expired on attempt %s of %s (worker crashed or the request outlived its lease)',"
-    "                           m.attempts, $1)"
+    "       last_error = 'lease expired on attempt ' || m.attempts::text || ' of ' || $1::text"
+    "                    || ' (worker crashed or the request outlived its lease)'"
     " WHERE m.id = ANY (ARRAY(SELECT id FROM expired))";
 
 static const char *const SQL_CLAIM =
     "WITH quota AS ("
-    "  SELECT q.endpoint, q.n, q.ord"
-    "    FROM unnest($5::text[], $6::int[]) WITH ORDINALITY AS q(endpoint, n, ord)"
+    "  SELECT q.endpoint, q.n, q.takeover, q.ord"
+    "    FROM unnest($5::text[], $6::int[], $7::bool[]) WITH ORDINALITY AS q(endpoint, n, takeover, ord)"
     "   WHERE q.n >= 0"
     "     AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = q.endpoint AND e.enabled)"
     "  UNION ALL"
-    "  SELECT e.name, $2, 0 FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
+    "  SELECT e.name, $2, true, 0 FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
     "picked AS ("
     "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m"
     "    WHERE m.status = 'processing' AND m.lease_until < now() AND m.attempts < $4"
-    "      AND m.endpoint IN (SELECT endpoint FROM quota)"
+    "      AND m.endpoint IN (SELECT endpoint FROM quota WHERE takeover)"
     "    ORDER BY m.lease_until LIMIT $2"
     "      FOR UPDATE OF m SKIP LOCKED) AS expired"
     "  UNION ALL"
@@ -113,7 +123,7 @@ static const char *const SQL_CLAIM =
     "       lease_version = o.lease_version + 1, attempts = o.attempts + 1"
     " WHERE o.id = ANY (ARRAY(SELECT id FROM picked)) "
     "RETURNING o.id, o.lease_version, o.attempts, o.endpoint, o.aggregate_type, o.aggregate_id,"
-    "          o.event_type, o.payload, o.headers, o.ordered, o.created_at";
+    "          o.event_type, o.payload, o.headers, o.ordered, o.created_at, o.lease_until";
 
 static const char *const SQL_FINALIZE =
     "UPDATE outbox.messages AS m"
@@ -129,9 +139,11 @@ static const char *const SQL_FINALIZE =
     "                         ELSE r.error END,"
     "       last_http_status = r.http_status,"
     "       lease_owner = NULL, lease_until = NULL"
-    "  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[], $6::int[], $7::bool[])"
-    "       AS r(id, ver, status, delay, error, http_status, refund)"
-    " WHERE m.id = r.id AND m.lease_version = r.ver AND (m.status = 'processing') IS TRUE "
+    "  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[], $6::int[], $7::bool[],"
+    "              $9::timestamptz[])"
+    "       AS r(id, ver, status, delay, error, http_status, refund, lease_until)"
+    " WHERE m.id = r.id AND m.lease_version = r.ver AND (m.status = 'processing') IS TRUE"
+    "   AND (r.lease_until IS NULL OR m.lease_until = r.lease_until) "
     "RETURNING m.id";
 
 static const char *const SQL_RETRY =
@@ -218,13 +230,6 @@ od_prepare_custom(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argty
     return od_prepare_opts(slot, sql, nargs, argtypes, CURSOR_OPT_CUSTOM_PLAN);
 }
 
-int64
-od_interval_us(const Interval *iv)
-{
-    return iv->time + (int64) iv->day * USECS_PER_DAY
-        + (int64) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
-}
-
 static Datum
 us_to_interval(int64 us)
 {
@@ -252,17 +257,18 @@ build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 
 uint64
 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
-         const char *const *endpoints, const int *quotas, int n_endpoints)
+         const char *const *endpoints, const int *quotas, const bool *takeover, int n_endpoints)
 {
     static const Oid reap_types[2] = {INT4OID, INT4OID};
-    static const Oid claim_types[6] = {TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID};
-    Datum       args[6];
-    char        nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+    static const Oid claim_types[7] = {TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID,
+                                       BOOLARRAYOID};
+    Datum       args[7];
+    char        nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
     uint64      reaped;
     int         rc;
 
     od_prepare_custom(&plan_reap, SQL_REAP, 2, reap_types);
-    od_prepare_custom(&plan_claim, SQL_CLAIM, 6, claim_types);
+    od_prepare_custom(&plan_claim, SQL_CLAIM, 7, claim_types);
 
     args[0] = Int32GetDatum(max_attempts);
     args[1] = Int32GetDatum(batch);
@@ -278,21 +284,24 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
     if (n_endpoints < 0)
     {
         /* every enabled endpoint, up to batch each (the SQL function) */
-        nulls[4] = nulls[5] = 'n';
-        args[4] = args[5] = (Datum) 0;
+        nulls[4] = nulls[5] = nulls[6] = 'n';
+        args[4] = args[5] = args[6] = (Datum) 0;
     }
     else
     {
         Datum *names = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
         Datum *ns = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
+        Datum *tk = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
 
         for (int i = 0; i < n_endpoints; i++)
         {
             names[i] = CStringGetTextDatum(endpoints[i]);
             ns[i] = Int32GetDatum(quotas[i]);
+            tk[i] = BoolGetDatum(takeover == nullptr || takeover[i]);
         }
         args[4] = PointerGetDatum(build_array(names, nullptr, n_endpoints, TEXTOID));
         args[5] = PointerGetDatum(build_array(ns, nullptr, n_endpoints, INT4OID));
+        args[6] = PointerGetDatum(build_array(tk, nullptr, n_endpoints, BOOLOID));
     }
     rc = SPI_execute_plan(plan_claim, args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)
@@ -315,19 +324,20 @@ cmp_int64(const void *a, const void *b)
 int
 od_finalize(OdFinalize *items, int n)
 {
-    static const Oid types[8] = {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,
-                                 TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, INTERVALOID};
+    static const Oid types[9] = {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,
+                                 TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, INTERVALOID,
+                                 TIMESTAMPTZARRAYOID};
     static const char *const status_name[] = {"done", "retry", "dead", "defer"};
-    Datum      *ids, *vers, *statuses, *delays, *errors, *https, *refunds;
-    bool       *err_nulls, *http_nulls;
-    Datum       args[8];
+    Datum      *ids, *vers, *statuses, *delays, *errors, *https, *refunds, *untils;
+    bool       *err_nulls, *http_nulls, *until_nulls;
+    Datum       args[9];
     int64      *applied_ids;
     int         napplied;
     int         rc;
 
     if (n <= 0)
         return 0;
-    od_prepare(&plan_finalize, SQL_FINALIZE, 8, types);
+    od_prepare(&plan_finalize, SQL_FINALIZE, 9, types);
 
     ids = (Datum *) palloc(sizeof(Datum) * n);
     vers = (Datum *) palloc(sizeof(Datum) * n);
@@ -338,6 +348,8 @@ od_finalize(OdFinalize *items, int n)
     refunds = (Datum *) palloc(sizeof(Datum) * n);
     err_nulls = (bool *) palloc(sizeof(bool) * n);
     http_nulls = (bool *) palloc(sizeof(bool) * n);
+    untils = (Datum *) palloc(sizeof(Datum) * n);
+    until_nulls = (bool *) palloc(sizeof(bool) * n);
 
     for (int i = 0; i < n; i++)
     {
@@ -352,6 +364,8 @@ od_finalize(OdFinalize *items, int n)
         http_nulls[i] = (it->http_status == 0);
         https[i] = Int32GetDatum(it->http_status);
         refunds[i] = BoolGetDatum(it->verdict == OD_DEFER || (it->verdict == OD_RETRY && it->refund));
+        untils[i] = TimestampTzGetDatum(it->lease_until);
+        until_nulls[i] = (it->lease_until == 0);
     }
     args[0] = PointerGetDatum(build_array(ids, nullptr, n, INT8OID));
     args[1] = PointerGetDatum(build_array(vers, nullptr, n, INT8OID));
@@ -361,6 +375,7 @@ od_finalize(OdFinalize *items, int n)
     args[5] = PointerGetDatum(build_array(https, http_nulls, n, INT4OID));
     args[6] = PointerGetDatum(build_array(refunds, nullptr, n, BOOLOID));
     args[7] = us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
+    args[8] = PointerGetDatum(build_array(untils, until_nulls, n, TIMESTAMPTZOID));
 
     rc = SPI_execute_plan(plan_finalize, args, nullptr, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)

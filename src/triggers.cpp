@@ -21,6 +21,7 @@ extern "C" {
 #include "commands/trigger.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "lib/stringinfo.h"
 #include "utils/jsonb.h"
 #include "utils/rel.h"
@@ -135,6 +136,8 @@ check_headers_object(Jsonb *jb, const char *what)
     JsonbValue  v;
     JsonbIteratorToken tok;
     char       *name = nullptr;
+    int         count = 0;
+    int64       bytes = 0;
 
     if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
         ereport(ERROR,
@@ -149,6 +152,13 @@ check_headers_object(Jsonb *jb, const char *what)
 
         if (tok == WJB_KEY)
         {
+            count++;
+            bytes += v.val.string.len;
+            if (count > od_max_headers)
+                ereport(ERROR,
+                        (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+                         errmsg("%s: too many headers", what),
+                         errdetail("outbox_dispatcher.max_headers is %d.", od_max_headers)));
             name = printable(v.val.string.val, v.val.string.len);
             problem = od::check_header_name(v.val.string.val, v.val.string.len);
             if (problem)
@@ -172,6 +182,13 @@ check_headers_object(Jsonb *jb, const char *what)
                 ereport(ERROR,
                         (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                          errmsg("%s: value of header \"%s\" %s", what, name, problem)));
+            bytes += v.val.string.len;
+            if (bytes > od_max_header_bytes)
+                ereport(ERROR,
+                        (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+                         errmsg("%s are too large", what),
+                         errdetail("Header names and values add up to more than outbox_dispatcher.max_header_bytes (%d bytes).",
+                                   od_max_header_bytes)));
         }
     }
 }
@@ -207,6 +224,36 @@ od_message_check(PG_FUNCTION_ARGS)
                      errmsg("payload is too large: %zu bytes", len),
                      errdetail("outbox_dispatcher.max_payload_bytes is %d bytes.", od_max_payload_bytes)));
         pfree(body);
+    }
+
+    /*
+     * available_at: a finite time, at most max_schedule_ahead from now.  An
+     * ordered message holds back every later message of its aggregate until
+     * it is done, so 'infinity' (or the year 9999) would block the aggregate
+     * for good.  Checked on INSERT; the workers' own reschedules are bounded
+     * by backoff_cap and max_defer_age.
+     */
+    if (TRIGGER_FIRED_BY_INSERT(trig->tg_event))
+    {
+        d = column(trig, tup, "available_at", &isnull);
+        if (!isnull)
+        {
+            TimestampTz at = DatumGetTimestampTz(d);
+            TimestampTz limit = GetCurrentTimestamp() + (int64) od_max_schedule_ahead_s * USECS_PER_SEC;
+
+            if (TIMESTAMP_NOT_FINITE(at))
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("available_at must be a finite time"),
+                         errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(timestamptz_out, d)))));
+            if (at > limit)
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("available_at is too far in the future"),
+                         errdetail("The value given is %s, more than outbox_dispatcher.max_schedule_ahead (%s) from now.",
+                                   DatumGetCString(DirectFunctionCall1(timestamptz_out, d)),
+                                   GetConfigOptionByName("outbox_dispatcher.max_schedule_ahead", nullptr, false))));
+        }
     }
     return PointerGetDatum(tup);
 }
@@ -247,11 +294,18 @@ od_endpoint_check(PG_FUNCTION_ARGS)
 
         problem = od::check_url(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
         if (problem)
+        {
+            /* never echo credentials: user information in the URL is shown as *** */
+            size_t len = VARSIZE_ANY_EXHDR(t);
+            char  *shown = (char *) palloc(len + 8);
+
+            od::redact_url(VARDATA_ANY(t), len, shown, len + 8);
             ereport(ERROR,
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                      errmsg("endpoint URL %s", problem),
-                     errdetail("The URL given is \"%s\".", printable(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t))),
+                     errdetail("The URL given is \"%s\".", printable(shown, strlen(shown))),
                      errhint("Only http:// and https:// URLs are supported.")));
+        }
     }
 
     /* headers */
@@ -291,10 +345,11 @@ od_endpoint_check(PG_FUNCTION_ARGS)
     {
         int64 us = od_interval_us(DatumGetIntervalP(d));
 
-        if (us <= 0)
+        if (us < 1000)
             ereport(ERROR,
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("endpoint timeout must be positive")));
+                     errmsg("endpoint timeout must be at least 1 millisecond"),
+                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(interval_out, d)))));
         if (us >= (int64) od_lease_ms * 1000)
             ereport(ERROR,
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -343,10 +398,10 @@ od_endpoint_check(PG_FUNCTION_ARGS)
         bool present;
 
         d = column_opt(trig, tup, "rate_limit", &isnull, &present);
-        if (present && !isnull && !(DatumGetFloat8(d) > 0 && DatumGetFloat8(d) <= 1e6))
+        if (present && !isnull && !(DatumGetFloat8(d) >= 0.0001 && DatumGetFloat8(d) <= 1e6))
             ereport(ERROR,
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("rate_limit must be positive and at most 1000000 messages per second, or null for no limit"),
+                     errmsg("rate_limit must be between 0.0001 and 1000000 messages per second, or null for no limit"),
                      errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(float8out, d)))));
         d = column_opt(trig, tup, "breaker_threshold", &isnull, &present);
         if (present && !isnull && (DatumGetInt32(d) < 0 || DatumGetInt32(d) > 1000000))

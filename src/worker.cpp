@@ -43,10 +43,16 @@
 
 #include <new>
 
+#include <sys/resource.h>
+
 extern "C" {
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "storage/fd.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
@@ -77,35 +83,57 @@ static WaitEventSet  *wait_set = nullptr;
 static bool           ext_ready = false;
 static bool           ext_missing_logged = false;
 static TimestampTz    oldest_outcome_at = 0;
-static bool           schema_v2 = false;        /* extension 0.2.0 or later */
+static int            schema_version = 0;       /* 100 = 0.1.0, 200 = 0.2.0, 201 = 0.2.1 */
+static char           *ext_idle_reason = nullptr; /* why the installed extension is not served */
 
 /*
  * The endpoints this worker serves (enabled ones, refreshed every
- * poll_interval), with their shared-memory slot and limits.  held/probe
- * track, per slot, what this worker holds: claimed messages not yet
- * answered (their in-flight places) and a half-open probe.  pending_* is
- * the reservation of a claim in progress, returned if its transaction fails.
+ * poll_interval), with their shared-memory slot reference and limits.
  */
 typedef struct WorkerEndpoint
 {
     char            *name;
-    int              slot;
+    int64            id;            /* stable key of the shared state */
+    OdEndpointRef    ref;
     OdEndpointLimits lim;
 } WorkerEndpoint;
+
+/*
+ * What this worker holds in each shared endpoint slot (an array of
+ * outbox_dispatcher.max_endpoints entries, indexed by slot): claimed
+ * messages not yet answered (their in-flight places, which also keep the
+ * slot from being reclaimed) and the id of the message that is the
+ * endpoint's half-open probe.  ref/lim are those of the last claim.
+ */
+typedef struct SlotHold
+{
+    OdEndpointRef    ref;
+    OdEndpointLimits lim;
+    int              held;
+    int64            probe_id;      /* 0: none */
+} SlotHold;
+
+/* The reservation of a claim in progress, returned if its transaction fails. */
+typedef struct PendingReservation
+{
+    OdEndpointRef    ref;
+    OdEndpointLimits lim;
+    int              count;
+    bool             probe;
+} PendingReservation;
 
 static MemoryContext    endpoint_ctx = nullptr;
 static WorkerEndpoint  *wendpoints = nullptr;
 static int              n_wendpoints = 0;
-static OdEndpointLimits lim_by_slot[OD_MAX_ENDPOINTS];
-static int              held_by_slot[OD_MAX_ENDPOINTS];
-static bool             probe_by_slot[OD_MAX_ENDPOINTS];
-static int              pending_slots[OD_MAX_ENDPOINTS];
-static int              pending_counts[OD_MAX_ENDPOINTS];
-static bool             pending_probes[OD_MAX_ENDPOINTS];
+static bool             endpoints_stale = false;  /* a slot changed hands: refresh */
+static SlotHold        *holds = nullptr;
+static int              n_holds = 0;
+static PendingReservation *pending = nullptr;     /* in cycle_ctx, n_pending entries */
 static int              n_pending = 0;
 static int              claim_rotation = 0;
 static TimestampTz      next_quota_at = 0;      /* a refused reservation may succeed then */
 static size_t           outcomes_seen = 0;
+static size_t           transfer_budget = 0;        /* transfers at once (file descriptors); 0 = no cap */
 static bool             places_released = false;  /* a request finished: a quota may have room again */
 static bool             claim_quota_full = false; /* the last claim took every place its quotas allowed */
 
@@ -148,6 +176,35 @@ od_sigterm(SIGNAL_ARGS)
     errno = save_errno;
 }
 
+/*
+ * File descriptors: every request in flight holds a socket (and a resolver
+ * may hold two more while it runs).  Raise the soft limit to the hard limit,
+ * as a network server would, and return how many transfers this worker may
+ * run at once without starving PostgreSQL's own files
+ * (max_files_per_process of them) — 0 for no limit beyond batch_size.
+ */
+static size_t
+raise_fd_limit(void)
+{
+    struct rlimit rl;
+    long          spare;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 0;
+    if (rl.rlim_cur < rl.rlim_max)
+    {
+        struct rlimit raised = rl;
+
+        raised.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &raised) == 0)
+            rl = raised;
+    }
+    if (rl.rlim_cur == RLIM_INFINITY)
+        return 0;
+    spare = (long) rl.rlim_cur - (long) max_files_per_process - 64;
+    return (size_t) Max(8L, spare / 3);
+}
+
 static void
 set_state(OdWorkerState st)
 {
@@ -167,7 +224,7 @@ static void
 release_pending_reservation(void)
 {
     for (int i = 0; i < n_pending; i++)
-        od_endpoint_unreserve(pending_slots[i], pending_counts[i], pending_probes[i]);
+        od_endpoint_unreserve(pending[i].ref, pending[i].count, pending[i].probe);
     n_pending = 0;
 }
 
@@ -175,14 +232,14 @@ static void
 od_worker_exit(int code, Datum arg)
 {
     release_pending_reservation();
-    for (int i = 0; i < OD_MAX_ENDPOINTS; i++)
+    for (int i = 0; i < n_holds; i++)
     {
-        if (held_by_slot[i] > 0)
-            od_endpoint_release(i, held_by_slot[i]);
-        if (probe_by_slot[i])
-            od_endpoint_unreserve(i, 0, true);
-        held_by_slot[i] = 0;
-        probe_by_slot[i] = false;
+        if (holds[i].held > 0)
+            od_endpoint_release(holds[i].ref, holds[i].held);
+        if (holds[i].probe_id != 0)
+            od_endpoint_unreserve(holds[i].ref, 0, true);
+        holds[i].held = 0;
+        holds[i].probe_id = 0;
     }
     if (slot)
     {
@@ -253,6 +310,45 @@ header_lines_text(Datum d)
     return buf.data;
 }
 
+/*
+ * Why a message's headers cannot be sent, or NULL: more than
+ * outbox_dispatcher.max_headers of them, or more than max_header_bytes of
+ * names and values.  The trigger refuses such rows; this catches rows
+ * written before a limit was lowered, before the limits existed, or by a
+ * superuser with the trigger disabled — without building the text first.
+ */
+static const char *
+message_headers_problem(Datum d)
+{
+    Jsonb          *jb = DatumGetJsonbP(d);
+    JsonbIterator  *it;
+    JsonbValue      v;
+    JsonbIteratorToken tok;
+    int64           bytes = 0;
+    int             count = 0;
+
+    if (!JB_ROOT_IS_OBJECT(jb))
+        return nullptr;
+    it = JsonbIteratorInit(&jb->root);
+    while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+    {
+        if (tok == WJB_KEY)
+        {
+            count++;
+            bytes += v.val.string.len;
+        }
+        else if (tok == WJB_VALUE && v.type == jbvString)
+            bytes += v.val.string.len;
+    }
+    if (count > od_max_headers)
+        return psprintf("not sent: the message has %d headers; outbox_dispatcher.max_headers is %d",
+                        count, od_max_headers);
+    if (bytes > od_max_header_bytes)
+        return psprintf("not sent: the message's headers have %lld bytes; outbox_dispatcher.max_header_bytes is %d",
+                        (long long) bytes, od_max_header_bytes);
+    return nullptr;
+}
+
 static void
 split_lines(const char *text, std::vector<std::string> &out) noexcept
 {
@@ -299,6 +395,7 @@ apply_settings(void)
     s.backoff.cap_ms = od_backoff_cap_ms;
     s.defer_delay_ms = od_defer_delay_ms;
     s.max_retry_after_s = Max((int64) od_backoff_cap_ms / 1000, (int64) od_max_defer_age_s);
+    s.max_transfers = transfer_budget;
     disp->set_settings(s);
 }
 
@@ -306,6 +403,8 @@ apply_settings(void)
 
 typedef struct EndpointRow
 {
+    Oid     relid;
+    int64   id;
     char   *name;
     char   *url;
     char   *headers;
@@ -347,33 +446,79 @@ load_endpoint(const EndpointRow *r) noexcept
     }
 }
 
+/*
+ * The endpoint columns of each schema version this library serves, in the
+ * order EndpointRow reads them.  Conversions happen in C, not in SQL.
+ * Schemas before 0.2.1 have no endpoint id: the shared state is keyed by a
+ * hash of the name there (negative, so it never equals a real id).
+ */
+static const char *const SQL_ENDPOINTS_V021 =
+    "SELECT e.tableoid, e.id, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight,"
+    "       e.defer_statuses, e.rate_limit, e.breaker_threshold, e.breaker_cooldown"
+    "  FROM outbox.endpoints AS e WHERE e.enabled";
+static const char *const SQL_ENDPOINTS_V020 =
+    "SELECT e.tableoid, NULL::bigint, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight,"
+    "       e.defer_statuses, e.rate_limit, e.breaker_threshold, e.breaker_cooldown"
+    "  FROM outbox.endpoints AS e WHERE e.enabled";
+static const char *const SQL_ENDPOINTS_V010 =
+    "SELECT e.tableoid, NULL::bigint, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight,"
+    "       e.defer_statuses, NULL::float8, 5, interval '30 seconds'"
+    "  FROM outbox.endpoints AS e WHERE e.enabled";
+
+static int
+parse_version(const char *v)
+{
+    if (strcmp(v, "0.1.0") == 0)
+        return 100;
+    if (strcmp(v, "0.2.0") == 0)
+        return 200;
+    if (strcmp(v, "0.2.1") == 0)
+        return 201;
+    return 0;
+}
+
+/* Is the installed extension one this library can serve?  Sets ext_ready and schema_version. */
+static void
+check_extension(void)
+{
+    int   rc;
+    char *version = nullptr;
+
+    rc = SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'", true, 1);
+    if (rc != SPI_OK_SELECT)
+        elog(ERROR, "outbox_dispatcher: reading pg_extension failed: %s", SPI_result_code_string(rc));
+    ext_ready = false;
+    ext_idle_reason = nullptr;
+    if (SPI_processed == 0)
+        return;
+    version = MemoryContextStrdup(cycle_ctx, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1));
+    schema_version = parse_version(version);
+    if (GetDatabaseEncoding() != PG_UTF8)
+        ext_idle_reason = psprintf("database \"%s\" has encoding %s; outbox_dispatcher needs UTF8 "
+                                   "(JSON bodies and signed headers go out as UTF-8)",
+                                   od_database, GetDatabaseEncodingName());
+    else if (schema_version == 0)
+        ext_idle_reason = psprintf("extension version \"%s\" is not served by this library (%s)",
+                                   version, OD_LIBRARY_VERSION);
+    else
+        ext_ready = true;
+}
+
 static void
 refresh_endpoints(void)
 {
     EndpointRow *rows = nullptr;
     int          nrows = 0;
     int          rc;
+    bool         installed;
 
     begin_tx("loading endpoints");
-    rc = SPI_execute("SELECT extversion <> '0.1.0' FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'",
-                     true, 1);
-    ext_ready = (rc == SPI_OK_SELECT && SPI_processed == 1);
+    check_extension();
+    installed = ext_ready || ext_idle_reason != nullptr;
     if (ext_ready)
     {
-        bool isnull;
-
-        schema_v2 = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-        /* 0.1.0 (before ALTER EXTENSION ... UPDATE) has no limits columns: use the defaults */
-        rc = SPI_execute(schema_v2
-                         ? "SELECT name, url, headers, signing_secret,"
-                           "       (extract(epoch FROM timeout) * 1000)::bigint, max_in_flight, defer_statuses,"
-                           "       coalesce(rate_limit, 0)::float8, breaker_threshold,"
-                           "       (extract(epoch FROM breaker_cooldown) * 1000)::bigint"
-                           "  FROM outbox.endpoints WHERE enabled"
-                         : "SELECT name, url, headers, signing_secret,"
-                           "       (extract(epoch FROM timeout) * 1000)::bigint, max_in_flight, defer_statuses,"
-                           "       0::float8, 5, 30000::bigint"
-                           "  FROM outbox.endpoints WHERE enabled", true, 0);
+        rc = SPI_execute(schema_version >= 201 ? SQL_ENDPOINTS_V021
+                         : schema_version >= 200 ? SQL_ENDPOINTS_V020 : SQL_ENDPOINTS_V010, true, 0);
         if (rc != SPI_OK_SELECT)
             elog(ERROR, "outbox_dispatcher: loading endpoints failed: %s", SPI_result_code_string(rc));
         nrows = (int) SPI_processed;
@@ -386,14 +531,28 @@ refresh_endpoints(void)
             Datum         d;
             MemoryContext old = MemoryContextSwitchTo(cycle_ctx);
 
-            rows[i].name = SPI_getvalue(tup, desc, 1);
-            rows[i].url = SPI_getvalue(tup, desc, 2);
-            d = SPI_getbinval(tup, desc, 3, &isnull);
+            rows[i].relid = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
+            rows[i].name = SPI_getvalue(tup, desc, 3);
+            d = SPI_getbinval(tup, desc, 2, &isnull);
+            if (!isnull)
+                rows[i].id = DatumGetInt64(d);
+            else
+                rows[i].id = (int64) (hash_bytes_extended((const unsigned char *) rows[i].name,
+                                                          (int) strlen(rows[i].name), 0) |
+                                      (UINT64CONST(1) << 63));
+            rows[i].url = SPI_getvalue(tup, desc, 4);
+            d = SPI_getbinval(tup, desc, 5, &isnull);
             rows[i].headers = isnull ? pstrdup("") : header_lines_text(d);
-            rows[i].secret = SPI_getvalue(tup, desc, 4);
-            rows[i].timeout_ms = DatumGetInt64(SPI_getbinval(tup, desc, 5, &isnull));
-            rows[i].max_in_flight = DatumGetInt32(SPI_getbinval(tup, desc, 6, &isnull));
-            d = SPI_getbinval(tup, desc, 7, &isnull);
+            rows[i].secret = SPI_getvalue(tup, desc, 6);
+            {
+                /* whole milliseconds, rounded up: a sub-millisecond timeout must not become curl's "none" */
+                int64 us = od_interval_us(DatumGetIntervalP(SPI_getbinval(tup, desc, 7, &isnull)));
+
+                rows[i].timeout_ms = Max((int64) 1, Min(us, (int64) 86400 * USECS_PER_SEC) / 1000 +
+                                                      (us % 1000 != 0 ? 1 : 0));
+            }
+            rows[i].max_in_flight = DatumGetInt32(SPI_getbinval(tup, desc, 8, &isnull));
+            d = SPI_getbinval(tup, desc, 9, &isnull);
             if (!isnull)
             {
                 ArrayType *arr = DatumGetArrayTypePCopy(d);
@@ -406,9 +565,11 @@ refresh_endpoints(void)
                 for (int j = 0; j < n; j++)
                     rows[i].defer[rows[i].ndefer++] = nulls[j] ? 0 : DatumGetInt32(elems[j]);
             }
-            rows[i].rate_limit = DatumGetFloat8(SPI_getbinval(tup, desc, 8, &isnull));
-            rows[i].breaker_threshold = DatumGetInt32(SPI_getbinval(tup, desc, 9, &isnull));
-            rows[i].breaker_cooldown_ms = DatumGetInt64(SPI_getbinval(tup, desc, 10, &isnull));
+            d = SPI_getbinval(tup, desc, 10, &isnull);
+            rows[i].rate_limit = isnull ? 0 : DatumGetFloat8(d);
+            rows[i].breaker_threshold = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
+            rows[i].breaker_cooldown_ms =
+                od_interval_us(DatumGetIntervalP(SPI_getbinval(tup, desc, 12, &isnull))) / 1000;
             MemoryContextSwitchTo(old);
         }
     }
@@ -417,9 +578,16 @@ refresh_endpoints(void)
     if (!ext_ready)
     {
         if (!ext_missing_logged)
-            ereport(LOG,
-                    (errmsg("outbox_dispatcher: extension is not installed in database \"%s\"; waiting", od_database),
-                     errhint("Run CREATE EXTENSION outbox_dispatcher in that database.")));
+        {
+            if (installed)
+                ereport(LOG,
+                        (errmsg("outbox_dispatcher: not delivering: %s", ext_idle_reason),
+                         errhint("Install the extension in a UTF8 database, or run ALTER EXTENSION outbox_dispatcher UPDATE.")));
+            else
+                ereport(LOG,
+                        (errmsg("outbox_dispatcher: extension is not installed in database \"%s\"; waiting", od_database),
+                         errhint("Run CREATE EXTENSION outbox_dispatcher in that database.")));
+        }
         ext_missing_logged = true;
         return;
     }
@@ -430,28 +598,49 @@ refresh_endpoints(void)
     disp->end_endpoints();
 
     /* the shared-state slots and limits of the endpoints we serve */
-    MemoryContextReset(endpoint_ctx);
-    wendpoints = (WorkerEndpoint *) MemoryContextAllocZero(endpoint_ctx, sizeof(WorkerEndpoint) * (nrows + 1));
-    n_wendpoints = 0;
-    for (int i = 0; i < nrows; i++)
     {
-        WorkerEndpoint *w = &wendpoints[n_wendpoints];
+        int64      *keep = (int64 *) MemoryContextAllocZero(cycle_ctx, sizeof(int64) * (nrows + 1));
+        int         unserved = 0;
+        StringInfoData names;
+        uint32      before;
 
-        w->slot = od_endpoint_slot(rows[i].name);
-        if (w->slot < 0)
+        initStringInfo(&names);
+        for (int i = 0; i < nrows; i++)
+            keep[i] = rows[i].id;
+        MemoryContextReset(endpoint_ctx);
+        wendpoints = (WorkerEndpoint *) MemoryContextAllocZero(endpoint_ctx, sizeof(WorkerEndpoint) * (nrows + 1));
+        n_wendpoints = 0;
+        for (int i = 0; i < nrows; i++)
         {
-            ereport(WARNING,
-                    (errmsg("outbox_dispatcher: more than %d endpoints; endpoint \"%s\" is not served",
-                            OD_MAX_ENDPOINTS, rows[i].name)));
-            continue;
+            WorkerEndpoint *w = &wendpoints[n_wendpoints];
+
+            if (!od_endpoint_acquire(rows[i].relid, rows[i].id, rows[i].name, keep, nrows, &w->ref))
+            {
+                if (unserved < 5)
+                    appendStringInfo(&names, "%s\"%s\"", unserved > 0 ? ", " : "", rows[i].name);
+                unserved++;
+                continue;
+            }
+            w->name = MemoryContextStrdup(endpoint_ctx, rows[i].name);
+            w->id = rows[i].id;
+            w->lim.max_in_flight = rows[i].max_in_flight;
+            w->lim.rate_limit = rows[i].rate_limit;
+            w->lim.breaker_threshold = rows[i].breaker_threshold;
+            w->lim.breaker_cooldown_us = rows[i].breaker_cooldown_ms * 1000;
+            n_wendpoints++;
         }
-        w->name = MemoryContextStrdup(endpoint_ctx, rows[i].name);
-        w->lim.max_in_flight = rows[i].max_in_flight;
-        w->lim.rate_limit = rows[i].rate_limit;
-        w->lim.breaker_threshold = rows[i].breaker_threshold;
-        w->lim.breaker_cooldown_us = rows[i].breaker_cooldown_ms * 1000;
-        lim_by_slot[w->slot] = w->lim;
-        n_wendpoints++;
+        endpoints_stale = false;
+
+        /* say so once per change, cluster-wide: the worker that changes the count logs it */
+        before = pg_atomic_exchange_u32(&od_shared->endpoints_unserved, (uint32) unserved);
+        if (unserved > 0 && before != (uint32) unserved)
+            ereport(WARNING,
+                    (errmsg("outbox_dispatcher: %d enabled endpoint(s) cannot be served: all %d endpoint slots are in use",
+                            unserved, od_shared->max_endpoints),
+                     errdetail("Not served: %s%s.", names.data, unserved > 5 ? ", ..." : ""),
+                     errhint("Raise outbox_dispatcher.max_endpoints (needs a restart), or disable endpoints that are not needed.")));
+        else if (unserved == 0 && before > 0)
+            ereport(LOG, (errmsg("outbox_dispatcher: every enabled endpoint is served again")));
     }
 }
 
@@ -460,17 +649,19 @@ refresh_endpoints(void)
 
 typedef struct ClaimRow
 {
-    int64   id;
-    int64   lease_version;
-    int     attempts;
-    char   *endpoint;
-    char   *aggregate_type;
-    char   *aggregate_id;
-    char   *event_type;
-    char   *payload;
-    char   *headers;
-    int64   created_at_us;
-    int     endpoint_slot;
+    int64       id;
+    int64       lease_version;
+    TimestampTz lease_until;
+    int         attempts;
+    char       *endpoint;
+    char       *aggregate_type;
+    char       *aggregate_id;
+    char       *event_type;
+    char       *payload;
+    char       *headers;
+    const char *reject;         /* not sendable (limits): made dead in the claim transaction */
+    int64       created_at_us;
+    int         endpoint_slot;
 } ClaimRow;
 
 static bool
@@ -482,6 +673,7 @@ queue_claimed(const ClaimRow *r) noexcept
 
         m.id = r->id;
         m.lease_version = r->lease_version;
+        m.lease_until_us = r->lease_until;
         m.attempts = r->attempts;
         m.endpoint = r->endpoint;
         m.aggregate_type = r->aggregate_type;
@@ -503,7 +695,9 @@ queue_claimed(const ClaimRow *r) noexcept
  * Claim up to capacity messages.  Each endpoint's share is reserved in
  * shared memory first (breaker, cluster-wide max_in_flight, rate limit);
  * the order of the endpoints rotates from claim to claim, so that one
- * endpoint's backlog cannot starve the others.
+ * endpoint's backlog cannot starve the others.  An endpoint whose
+ * reservation is the half-open probe gets exactly one ready message and no
+ * expired-lease takeovers, so one request tests it.
  */
 static int
 do_claim(int capacity)
@@ -514,32 +708,42 @@ do_claim(int capacity)
     bool         unknown_endpoint = false;
     const char **names;
     int         *quotas;
+    bool        *takeover;
     int         *got;
+    int         *quota_of;
+    int         *slot_of_quota;
     int          m = n_wendpoints;
-    int          total = 0;
+    int          n_rejected = 0;
     TimestampTz  now = GetCurrentTimestamp();
 
     names = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * (m + 1));
     quotas = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
+    takeover = (bool *) MemoryContextAllocZero(cycle_ctx, sizeof(bool) * (m + 1));
     got = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
+    slot_of_quota = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
+    pending = (PendingReservation *) MemoryContextAllocZero(cycle_ctx, sizeof(PendingReservation) * (m + 1));
     next_quota_at = 0;
     n_pending = 0;
     for (int k = 0; k < m; k++)
     {
         WorkerEndpoint *w = &wendpoints[(claim_rotation + k) % m];
         bool            probe;
+        bool            stale;
         TimestampTz     retry_at;
-        int             q = od_endpoint_reserve(w->slot, &w->lim, capacity, now, &probe, &retry_at);
+        int             q = od_endpoint_reserve(w->ref, &w->lim, capacity, now, &probe, &retry_at, &stale);
 
         names[k] = w->name;
-        /* 0 still lets the endpoint's expired leases be taken over; -1 (breaker open) does not */
-        quotas[k] = (q == 0 && !probe && od_endpoint_breaker_open(w->slot)) ? -1 : q;
-        total += q;
+        if (stale)
+            endpoints_stale = true;
+        /* 0 still lets the endpoint's expired leases be taken over; -1 (breaker open, or stale) does not */
+        quotas[k] = (stale || (q == 0 && !probe && od_endpoint_breaker_open(w->ref))) ? -1 : q;
+        takeover[k] = !probe && quotas[k] >= 0;
         if (q == 0 && retry_at != 0 && (next_quota_at == 0 || retry_at < next_quota_at))
             next_quota_at = retry_at;
-        pending_slots[n_pending] = w->slot;
-        pending_counts[n_pending] = q;
-        pending_probes[n_pending] = probe;
+        pending[n_pending].ref = w->ref;
+        pending[n_pending].count = q;
+        pending[n_pending].probe = probe;
+        pending[n_pending].lim = w->lim;
         n_pending++;
     }
     claim_rotation = m > 0 ? (claim_rotation + 1) % m : 0;
@@ -550,7 +754,8 @@ do_claim(int capacity)
 
     set_state(OD_STATE_CLAIMING);
     begin_tx("claiming messages");
-    reaped = od_claim(lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, m);
+    reaped = od_claim(lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas,
+                      takeover, m);
     n = (int) SPI_processed;
     rows = (ClaimRow *) MemoryContextAllocZero(cycle_ctx, sizeof(ClaimRow) * (n + 1));
     for (int i = 0; i < n; i++)
@@ -570,37 +775,82 @@ do_claim(int capacity)
         rows[i].event_type = SPI_getvalue(tup, desc, 7);
         rows[i].payload = SPI_getvalue(tup, desc, 8);
         d = SPI_getbinval(tup, desc, 9, &isnull);
-        rows[i].headers = isnull ? pstrdup("") : header_lines_text(d);
+        /* checked again here: rows written before the limits were lowered, or by a superuser */
+        rows[i].reject = isnull ? nullptr : message_headers_problem(d);
+        rows[i].headers = (isnull || rows[i].reject) ? pstrdup("") : header_lines_text(d);
         rows[i].created_at_us = unix_micros(DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull)));
+        rows[i].lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, 12, &isnull));
+        if (rows[i].reject)
+            n_rejected++;
         MemoryContextSwitchTo(old);
+    }
+    if (n_rejected > 0)
+    {
+        /* not sendable: dead at once, with the reason, in the claim's own transaction */
+        OdFinalize *items = (OdFinalize *) MemoryContextAllocZero(cycle_ctx, sizeof(OdFinalize) * n_rejected);
+        int         k = 0;
+
+        for (int i = 0; i < n; i++)
+            if (rows[i].reject)
+            {
+                items[k].id = rows[i].id;
+                items[k].lease_version = rows[i].lease_version;
+                items[k].lease_until = rows[i].lease_until;
+                items[k].verdict = OD_DEAD;
+                items[k].error = rows[i].reject;
+                k++;
+            }
+        od_finalize(items, n_rejected);
+        pg_atomic_fetch_add_u64(&slot->dead, n_rejected);
     }
     end_tx();
 
     /* settle the reservation: keep what was claimed, return the rest */
+    quota_of = (int *) MemoryContextAlloc(cycle_ctx, sizeof(int) * (n + 1));
     for (int i = 0; i < n; i++)
     {
-        rows[i].endpoint_slot = -1;
+        quota_of[i] = -1;
         for (int k = 0; k < m; k++)
             if (strcmp(names[k], rows[i].endpoint) == 0)
             {
                 got[k]++;
-                rows[i].endpoint_slot = pending_slots[k];
+                quota_of[i] = k;
                 break;
             }
     }
     for (int k = 0; k < m; k++)
     {
-        int s = pending_slots[k];
-
-        int q = Max(quotas[k], 0);
+        OdEndpointRef ref = pending[k].ref;
+        int           q = Max(quotas[k], 0);
+        bool          counted = true;
 
         if (got[k] < q)
-            od_endpoint_unreserve(s, q - got[k], pending_probes[k] && got[k] == 0);
+            od_endpoint_unreserve(ref, q - got[k], pending[k].probe && got[k] == 0);
         else if (got[k] > q)
-            od_endpoint_hold(s, got[k] - q);            /* expired leases taken over */
-        held_by_slot[s] += got[k];
-        if (pending_probes[k] && got[k] > 0)
-            probe_by_slot[s] = true;
+            counted = od_endpoint_hold(ref, got[k] - q);    /* expired leases taken over */
+        if (!counted)
+        {
+            /* the slot changed hands meanwhile: these messages go out without shared accounting */
+            endpoints_stale = true;
+            od_endpoint_release(ref, q);
+        }
+        slot_of_quota[k] = (counted && ref.slot >= 0 && ref.slot < n_holds) ? ref.slot : -1;
+        if (slot_of_quota[k] >= 0 && got[k] > 0)
+        {
+            SlotHold *h = &holds[ref.slot];
+
+            h->ref = ref;
+            h->lim = pending[k].lim;
+            h->held += got[k];
+        }
+    }
+    for (int i = 0; i < n; i++)
+    {
+        int k = quota_of[i];
+
+        rows[i].endpoint_slot = k >= 0 ? slot_of_quota[k] : -1;
+        if (k >= 0 && pending[k].probe && rows[i].endpoint_slot >= 0)
+            holds[rows[i].endpoint_slot].probe_id = rows[i].id;
     }
     n_pending = 0;
     /* an endpoint used its whole quota: it may have more to claim */
@@ -614,12 +864,31 @@ do_claim(int capacity)
     pg_atomic_fetch_add_u64(&slot->dead, reaped);
 
     for (int i = 0; i < n && !unknown_endpoint; i++)
-        unknown_endpoint = !disp->has_endpoint(rows[i].endpoint);
+        unknown_endpoint = !rows[i].reject && !disp->has_endpoint(rows[i].endpoint);
     if (unknown_endpoint)
         refresh_endpoints();    /* an endpoint created since the last refresh */
     for (int i = 0; i < n; i++)
+    {
+        if (rows[i].reject)
+        {
+            /* already final: give its place back */
+            if (rows[i].endpoint_slot >= 0)
+            {
+                SlotHold *h = &holds[rows[i].endpoint_slot];
+
+                od_endpoint_release(h->ref, 1);
+                h->held = Max(0, h->held - 1);
+                if (h->probe_id == rows[i].id)
+                {
+                    od_endpoint_unreserve(h->ref, 0, true);
+                    h->probe_id = 0;
+                }
+            }
+            continue;
+        }
         if (!queue_claimed(&rows[i]))
             record_error("out of memory while queueing a claimed message");
+    }
     return n;
 }
 
@@ -640,32 +909,39 @@ process_new_outcomes(void)
         const od::DeliveryOutcome &o = outs[outcomes_seen];
         int         s = o.endpoint_tag;
         bool        probe;
+        SlotHold   *h;
         OdEndpointResult r;
 
-        if (s < 0 || s >= OD_MAX_ENDPOINTS)
+        if (s < 0 || s >= n_holds)
             continue;
-        od_endpoint_release(s, 1);
+        h = &holds[s];
+        probe = (h->probe_id != 0 && h->probe_id == o.id);
+        if (probe)
+            h->probe_id = 0;
         places_released = true;
-        if (held_by_slot[s] > 0)
-            held_by_slot[s]--;
-        probe = probe_by_slot[s];
-        probe_by_slot[s] = false;
-        if (o.latency_ms < 0)
+        if (o.latency_ms < 0 || o.local_failure)
         {
-            /* never sent (released at shutdown, or not sendable): not the endpoint's doing */
+            /* never sent, or failed on our side (released at shutdown, not sendable,
+             * out of file descriptors): not the endpoint's doing */
             if (probe)
-                od_endpoint_unreserve(s, 0, true);
-            continue;
+                od_endpoint_unreserve(h->ref, 0, true);
         }
-        if (o.verdict == od::Verdict::Done)
-            r = OD_RESULT_SUCCESS;
-        else if (o.verdict == od::Verdict::Retry || (o.verdict == od::Verdict::Dead && o.http_status == 0))
-            r = OD_RESULT_FAILURE;      /* retryable, or retries exhausted on a transport error */
-        else if (o.verdict == od::Verdict::Dead && o.http_status >= 500)
-            r = OD_RESULT_FAILURE;      /* retries exhausted on 5xx */
         else
-            r = OD_RESULT_NEUTRAL;
-        od_endpoint_result(s, &lim_by_slot[s], r, o.http_status, o.latency_ms, o.error, probe, now);
+        {
+            if (o.verdict == od::Verdict::Done)
+                r = OD_RESULT_SUCCESS;
+            else if (o.verdict == od::Verdict::Retry || (o.verdict == od::Verdict::Dead && o.http_status == 0))
+                r = OD_RESULT_FAILURE;      /* retryable, or retries exhausted on a transport error */
+            else if (o.verdict == od::Verdict::Dead && o.http_status >= 500)
+                r = OD_RESULT_FAILURE;      /* retries exhausted on 5xx */
+            else
+                r = OD_RESULT_NEUTRAL;
+            /* before the place is released: a slot with places held is never reclaimed */
+            od_endpoint_result(h->ref, &h->lim, r, o.http_status, o.latency_ms, o.error, probe, now);
+        }
+        od_endpoint_release(h->ref, 1);
+        if (h->held > 0)
+            h->held--;
     }
 }
 
@@ -693,12 +969,14 @@ do_finalize(void)
     int          n = (int) outs.size();
     OdFinalize  *items;
     const char **gone;
+    int64       *gone_id;
     int          n_gone = 0;
 
     if (n == 0)
         return;
     process_new_outcomes();
     gone = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * n);
+    gone_id = (int64 *) MemoryContextAllocZero(cycle_ctx, sizeof(int64) * n);
     items = (OdFinalize *) MemoryContextAllocZero(cycle_ctx, sizeof(OdFinalize) * n);
     for (int i = 0; i < n; i++)
     {
@@ -707,6 +985,7 @@ do_finalize(void)
 
         it->id = o.id;
         it->lease_version = o.lease_version;
+        it->lease_until = o.lease_until_us;
         switch (o.verdict)
         {
             case od::Verdict::Done: it->verdict = OD_DONE; break;
@@ -724,22 +1003,21 @@ do_finalize(void)
          * operator re-enables it) and put the message back, attempt refunded,
          * instead of killing it.
          */
-        if (o.http_status == 410 && o.endpoint_tag >= 0 && o.endpoint_tag < OD_MAX_ENDPOINTS)
+        if (o.http_status == 410 && o.endpoint_tag >= 0)
         {
             it->verdict = OD_RETRY;
             it->refund = true;
             it->delay_us = (int64) od_defer_delay_ms * 1000;
             it->error = "HTTP 410 Gone: the endpoint was disabled";
-            /* the full name: the slot keeps only its first OD_ENDPOINT_NAME - 1 bytes */
-            gone[n_gone] = od_shared->endpoints[o.endpoint_tag].name;
+            /* the endpoint is identified by its slot's key, never by a name prefix */
             for (int k = 0; k < n_wendpoints; k++)
-                if (wendpoints[k].slot == o.endpoint_tag)
+                if (wendpoints[k].ref.slot == o.endpoint_tag)
                 {
-                    gone[n_gone] = wendpoints[k].name;
+                    gone[n_gone] = MemoryContextStrdup(cycle_ctx, wendpoints[k].name);
+                    gone_id[n_gone] = wendpoints[k].id;
+                    n_gone++;
                     break;
                 }
-            gone[n_gone] = MemoryContextStrdup(cycle_ctx, gone[n_gone]);
-            n_gone++;
         }
     }
 
@@ -748,15 +1026,19 @@ do_finalize(void)
     od_finalize(items, n);
     for (int i = 0; i < n_gone; i++)
     {
-        Oid   types[2] = {TEXTOID, TEXTOID};
-        Datum args[2] = {CStringGetTextDatum(gone[i]),
-                         CStringGetTextDatum("HTTP 410 Gone received by the dispatcher")};
-        int   rc = SPI_execute_with_args(schema_v2
+        Oid   types[3] = {TEXTOID, TEXTOID, INT8OID};
+        Datum args[3] = {CStringGetTextDatum(gone[i]),
+                         CStringGetTextDatum("HTTP 410 Gone received by the dispatcher"),
+                         Int64GetDatum(gone_id[i])};
+        int   rc = SPI_execute_with_args(schema_version >= 201
                                          ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
-                                           " WHERE name = $1 AND enabled"
+                                           " WHERE id = $3 AND enabled AND $1 IS NOT NULL"
+                                         : schema_version >= 200
+                                         ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
+                                           " WHERE name = $1 AND enabled AND $3 IS NOT NULL"
                                          : "UPDATE outbox.endpoints SET enabled = false"
-                                           " WHERE name = $1 AND enabled AND $2 IS NOT NULL",
-                                         2, types, args, nullptr, false, 0);
+                                           " WHERE name = $1 AND enabled AND $2 IS NOT NULL AND $3 IS NOT NULL",
+                                         3, types, args, nullptr, false, 0);
 
         if (rc != SPI_OK_UPDATE)
             elog(ERROR, "outbox_dispatcher: disabling endpoint \"%s\" failed: %s", gone[i],
@@ -801,17 +1083,26 @@ rebuild_wait_set(void)
 {
     const std::vector<od::HttpSocket> &socks = disp->engine().sockets();
 
-    if (wait_set)
-        FreeWaitEventSet(wait_set);
-    wait_set = CreateWaitEventSet(TopMemoryContext, (int) socks.size() + 2);
-    AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
-    AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
+    WaitEventSet *old = wait_set;
+    WaitEventSet *set;
+
+    /*
+     * Build the new set completely before letting go of the old one: an
+     * ERROR while building leaves wait_set pointing at a valid set (the
+     * half-built one is released with its memory at the next rebuild).
+     */
+    set = CreateWaitEventSet(TopMemoryContext, (int) socks.size() + 2);
+    AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
+    AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
     for (const od::HttpSocket &s : socks)
     {
         uint32 ev = (s.want_read ? WL_SOCKET_READABLE : 0) | (s.want_write ? WL_SOCKET_WRITEABLE : 0);
 
-        AddWaitEventToSet(wait_set, ev, s.fd, nullptr, nullptr);
+        AddWaitEventToSet(set, ev, s.fd, nullptr, nullptr);
     }
+    wait_set = set;
+    if (old)
+        FreeWaitEventSet(old);
 }
 
 /* Wait up to timeout_ms for sockets or the latch; returns true if the latch was set. */
@@ -920,12 +1211,21 @@ od_worker_main(Datum arg)
      * no committed message can be lost, since producers' commits are theirs.
      */
     SetConfigOption("synchronous_commit", "off", PGC_USERSET, PGC_S_OVERRIDE);
+    /*
+     * Nothing a producer created may ever run with the workers' rights: every
+     * statement of this session resolves names in pg_catalog only (see
+     * guard.cpp).  PGC_S_OVERRIDE wins over ALTER ROLE/DATABASE settings.
+     */
+    SetConfigOption("search_path", OD_SAFE_SEARCH_PATH, PGC_SUSET, PGC_S_OVERRIDE);
     SetConfigOption("application_name", MyBgworkerEntry->bgw_name, PGC_USERSET, PGC_S_OVERRIDE);
 
     lease_owner = MemoryContextStrdup(TopMemoryContext,
                                       psprintf("worker-%d/pid-%d", worker_index, MyProcPid));
     cycle_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher cycle", ALLOCSET_DEFAULT_SIZES);
     endpoint_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher endpoints", ALLOCSET_SMALL_SIZES);
+    n_holds = od_shared->max_endpoints;
+    holds = (SlotHold *) MemoryContextAllocZero(TopMemoryContext, sizeof(SlotHold) * n_holds);
+    transfer_budget = raise_fd_limit();
 
     disp = new (std::nothrow) od::Dispatcher();
     if (disp == nullptr)
@@ -934,6 +1234,7 @@ od_worker_main(Datum arg)
         od::HttpEngineOptions opts;
 
         opts.ca_file = (od_ca_file && od_ca_file[0]) ? od_ca_file : nullptr;
+        opts.user_agent = "outbox_dispatcher/" OD_LIBRARY_VERSION;
         if (!disp->init(opts, (uint64) MyProcPid * 6364136223846793005ULL ^ (uint64) GetCurrentTimestamp()))
             ereport(FATAL, (errmsg("outbox_dispatcher: cannot initialize libcurl: %s", disp->last_error())));
     }
@@ -983,6 +1284,8 @@ od_worker_main(Datum arg)
 
         now = GetCurrentTimestamp();
         pg_atomic_fetch_add_u64(&slot->cycles, 1);
+        if (endpoints_stale)
+            next_refresh = 0;   /* a slot we referenced changed hands */
         /* a wake while the extension is missing may mean CREATE EXTENSION just committed */
         if (now >= retry_not_before && (now >= next_refresh || (woken && !ext_ready)))
         {

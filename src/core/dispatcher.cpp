@@ -1,5 +1,14 @@
 /*
  * core/dispatcher.cpp — per-worker delivery pipeline (see dispatcher.hpp).
+ *
+ * Local failures (the transfer could not be started, or it failed for want
+ * of descriptors or memory in this process) are refunded Retries with a
+ * short delay and latency_ms = -1: the message did nothing wrong and the
+ * endpoint was maybe never contacted, so neither attempts nor the breaker
+ * may be charged; -1 already keeps today's worker from feeding the
+ * breaker.  A request that cannot be built stays a charged Retry: its
+ * causes (allocation, HMAC) may be permanent for that message, and only a
+ * charged attempt lets it end Dead instead of cycling for ever.
  */
 #include "core/dispatcher.hpp"
 
@@ -12,7 +21,10 @@ namespace od {
 
 bool Dispatcher::init(const HttpEngineOptions &opts, uint64_t seed) noexcept {
     rng_.seed(seed);
-    return engine_.init(opts);
+    pool_size_ = opts.max_connections;
+    if (!engine_.init(opts)) return false;
+    apply_pool_size(); /* settings may have come first */
+    return true;
 }
 
 void Dispatcher::set_settings(const DispatcherSettings &s) noexcept {
@@ -21,6 +33,19 @@ void Dispatcher::set_settings(const DispatcherSettings &s) noexcept {
     } catch (...) {
         /* keep the previous settings */
     }
+    apply_pool_size();
+}
+
+/* Idle connections are sockets too: never keep more than max_transfers of them. */
+void Dispatcher::apply_pool_size() noexcept {
+    long pool = pool_size_;
+    std::size_t cap = settings_.max_transfers;
+    if (cap > 0 && (pool <= 0 || cap < static_cast<std::size_t>(pool))) pool = static_cast<long>(cap);
+    engine_.set_max_connections(pool);
+}
+
+bool Dispatcher::below_max_transfers() const noexcept {
+    return settings_.max_transfers == 0 || engine_.in_flight() < settings_.max_transfers;
 }
 
 void Dispatcher::begin_endpoints() noexcept { seen_.clear(); }
@@ -55,7 +80,7 @@ bool Dispatcher::add(ClaimedMessage &&m) noexcept {
     try {
         auto it = endpoints_.find(m.endpoint);
         if (it == endpoints_.end()) {
-            fail_now(m, "endpoint is not configured in this worker yet");
+            fail_now(m, "endpoint is not configured in this worker yet", false);
             return true;
         }
         it->second.queue.push_back(std::move(m));
@@ -66,53 +91,100 @@ bool Dispatcher::add(ClaimedMessage &&m) noexcept {
     }
 }
 
-void Dispatcher::fail_now(const ClaimedMessage &m, const char *why) noexcept {
+void Dispatcher::fail_now(const ClaimedMessage &m, const char *why, bool local) noexcept {
     try {
         DeliveryOutcome o;
         std::memset(&o, 0, sizeof o);
         o.id = m.id;
         o.lease_version = m.lease_version;
-        o.verdict = m.attempts >= settings_.max_attempts ? Verdict::Dead : Verdict::Retry;
-        o.delay_ms = full_jitter_ms(m.attempts, settings_.backoff, rng_());
-        o.refund = false;
+        o.lease_until_us = m.lease_until_us;
         o.endpoint_tag = m.endpoint_tag;
         o.latency_ms = -1;
-        std::snprintf(o.error, sizeof o.error, "not sent: %s", why);
+        if (local) {
+            /* never Dead for this: the attempt is given back */
+            o.verdict = Verdict::Retry;
+            o.delay_ms = local_failure_delay_ms(settings_.backoff, rng_());
+            o.refund = true;
+            o.local_failure = true;
+            std::snprintf(o.error, sizeof o.error,
+                          "not sent: local resource failure in the dispatcher (%s); attempt not counted",
+                          why && *why ? why : "cannot start the transfer");
+        } else {
+            o.verdict = m.attempts >= settings_.max_attempts ? Verdict::Dead : Verdict::Retry;
+            o.delay_ms = full_jitter_ms(m.attempts, settings_.backoff, rng_());
+            o.refund = false;
+            std::snprintf(o.error, sizeof o.error, "not sent: %s", why);
+        }
         outcomes_.push_back(o);
     } catch (...) {
         /* the lease will expire and the message be claimed again */
     }
 }
 
+/* Build and submit the first queued message of ep (or fail it at once). */
+void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
+    ClaimedMessage &m = ep.queue.front();
+    bool built = false;
+    bool started = false;
+    bool oom = false;
+    try {
+        header_buf_.clear();
+        MessageHead head{m.id, m.attempts, m.event_type.c_str(), m.aggregate_type.c_str(),
+                         m.aggregate_id.c_str(), m.created_at_unix_us};
+        built = build_request_headers(head, settings_.source, ep.cfg.header_lines, m.header_lines,
+                                      ep.cfg.key.empty() ? nullptr : ep.cfg.key.data(), ep.cfg.key.size(),
+                                      now_unix_s, m.body.data(), m.body.size(), header_buf_);
+        if (built) {
+            uint64_t tag = next_tag_++;
+            sent_.emplace(tag, Sent{m.id, m.lease_version, m.lease_until_us, m.attempts, ep.cfg.name, m.endpoint_tag});
+            started = engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_,
+                                     ep.cfg.timeout_ms);
+            if (started)
+                ep.in_flight++;
+            else
+                sent_.erase(tag);
+        }
+    } catch (...) {
+        oom = true; /* around the submit (sent_): as local as a failed submit */
+    }
+    if (!built)
+        fail_now(m, "cannot build the request headers (out of memory or signing failure)", false);
+    else if (!started)
+        fail_now(m, oom ? "out of memory" : engine_.last_error(), true);
+    ep.queue.pop_front();
+    queued_--;
+}
+
 void Dispatcher::pump(int64_t now_unix_s) noexcept {
-    for (auto &kv : endpoints_) {
-        EndpointState &ep = kv.second;
-        while (!ep.queue.empty() && ep.in_flight < ep.cfg.max_in_flight) {
-            ClaimedMessage &m = ep.queue.front();
-            bool ok = false;
-            try {
-                header_buf_.clear();
-                MessageHead head{m.id, m.attempts, m.event_type.c_str(), m.aggregate_type.c_str(),
-                                 m.aggregate_id.c_str(), m.created_at_unix_us};
-                ok = build_request_headers(head, settings_.source, ep.cfg.header_lines, m.header_lines,
-                                           ep.cfg.key.empty() ? nullptr : ep.cfg.key.data(), ep.cfg.key.size(),
-                                           now_unix_s, m.body.data(), m.body.size(), header_buf_);
-                if (ok) {
-                    uint64_t tag = next_tag_++;
-                    sent_.emplace(tag, Sent{m.id, m.lease_version, m.attempts, ep.cfg.name, m.endpoint_tag});
-                    ok = engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_,
-                                        ep.cfg.timeout_ms);
-                    if (ok)
-                        ep.in_flight++;
-                    else
-                        sent_.erase(tag);
-                }
-            } catch (...) {
-                ok = false;
-            }
-            if (!ok) fail_now(m, engine_.last_error());
-            ep.queue.pop_front();
-            queued_--;
+    /*
+     * Rounds of one message per endpoint, the next call starting after the
+     * endpoint served last: with max_transfers, the places freed by
+     * finished transfers go to each endpoint in turn instead of always to
+     * the one that happens to come first in the map.  Without the cap every
+     * endpoint still fills up to its max_in_flight, as before.
+     */
+    if (!below_max_transfers()) return;
+    ready_.clear();
+    try {
+        for (auto &kv : endpoints_)
+            if (!kv.second.queue.empty() && kv.second.in_flight < kv.second.cfg.max_in_flight)
+                ready_.push_back(&kv.second);
+    } catch (...) {
+        /* out of memory: the endpoints collected so far are served, the rest next time */
+    }
+    const std::size_t n = ready_.size();
+    if (n == 0) return;
+    const std::size_t first = next_first_ % n;
+    bool progress = true;
+    while (progress && below_max_transfers()) {
+        progress = false;
+        for (std::size_t i = 0; i < n && below_max_transfers(); i++) {
+            std::size_t k = (first + i) % n;
+            EndpointState &ep = *ready_[k];
+            if (ep.queue.empty() || ep.in_flight >= ep.cfg.max_in_flight) continue;
+            send_front(ep, now_unix_s);
+            next_first_ = k + 1;
+            progress = true;
         }
     }
 }
@@ -147,17 +219,22 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
         r.retry_after = c.retry_after_len ? c.retry_after : nullptr;
         r.retry_after_len = c.retry_after_len;
 
+        r.local_failure = c.local_failure;
+        r.os_errno = c.os_errno;
+
         Outcome o = classify(r, pol, s.attempts, now_unix_s, rng_(), c.body, c.body_len);
         try {
             DeliveryOutcome d;
             d.id = s.id;
             d.lease_version = s.lease_version;
+            d.lease_until_us = s.lease_until_us;
             d.verdict = o.verdict;
             d.delay_ms = o.delay_ms;
-            d.refund = false;
+            d.refund = o.local_failure;
+            d.local_failure = o.local_failure;
             d.endpoint_tag = s.endpoint_tag;
             d.http_status = static_cast<int>(c.status);
-            d.latency_ms = c.total_ms;
+            d.latency_ms = o.local_failure ? -1 : c.total_ms;
             std::memcpy(d.error, o.error, sizeof d.error);
             outcomes_.push_back(d);
         } catch (...) {
@@ -167,12 +244,14 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
     }
 }
 
-void Dispatcher::push_release(int64_t id, int64_t lease_version, int endpoint_tag, const char *why) noexcept {
+void Dispatcher::push_release(int64_t id, int64_t lease_version, int64_t lease_until_us, int endpoint_tag,
+                              const char *why) noexcept {
     try {
         DeliveryOutcome o;
         std::memset(&o, 0, sizeof o);
         o.id = id;
         o.lease_version = lease_version;
+        o.lease_until_us = lease_until_us;
         o.verdict = Verdict::Retry;
         o.delay_ms = 0;
         o.refund = true;
@@ -188,10 +267,10 @@ void Dispatcher::push_release(int64_t id, int64_t lease_version, int endpoint_ta
 void Dispatcher::abandon(int64_t now_unix_s, const char *why) noexcept {
     collect(now_unix_s);
     engine_.abort_all();
-    for (const auto &kv : sent_) push_release(kv.second.id, kv.second.lease_version, kv.second.endpoint_tag, why);
+    for (const auto &kv : sent_) push_release(kv.second.id, kv.second.lease_version, kv.second.lease_until_us, kv.second.endpoint_tag, why);
     sent_.clear();
     for (auto &kv : endpoints_) {
-        for (const ClaimedMessage &m : kv.second.queue) push_release(m.id, m.lease_version, m.endpoint_tag, why);
+        for (const ClaimedMessage &m : kv.second.queue) push_release(m.id, m.lease_version, m.lease_until_us, m.endpoint_tag, why);
         kv.second.queue.clear();
         kv.second.in_flight = 0;
     }

@@ -7,7 +7,9 @@
  *   - keeps the endpoint configuration (refreshed by the worker every
  *     poll_interval) and a FIFO of claimed messages per endpoint;
  *   - builds each request (src/core/request.cpp) and submits it to the
- *     HttpEngine while the endpoint is under its max_in_flight;
+ *     HttpEngine while the endpoint is under its max_in_flight and the
+ *     worker under its max_transfers (one socket per transfer: the cap
+ *     keeps a worker inside its descriptor budget);
  *   - turns completions into Results with src/core/outcome.cpp, ready for a
  *     batched fenced finalize.
  *
@@ -42,6 +44,7 @@ struct EndpointConfig {
 struct ClaimedMessage {
     int64_t id = 0;
     int64_t lease_version = 0;
+    int64_t lease_until_us = 0;             /* the claim's lease deadline: part of the fence, copied to the outcome */
     int attempts = 0;
     std::string endpoint;
     std::string event_type;
@@ -56,12 +59,19 @@ struct ClaimedMessage {
 struct DeliveryOutcome {
     int64_t id;
     int64_t lease_version;
+    int64_t lease_until_us;                 /* the message's lease_until_us */
     Verdict verdict;
     int64_t delay_ms;
     bool refund;                            /* Retry: give the attempt back */
+    /*
+     * Retry (refunded) because this process ran out of descriptors or
+     * memory, or could not start the transfer: not the endpoint's doing, so
+     * no breaker or endpoint statistics.  latency_ms is then < 0 as well.
+     */
+    bool local_failure;
     int endpoint_tag;                       /* the message's endpoint_tag */
     int http_status;                        /* 0 = none */
-    double latency_ms;                      /* < 0: not sent */
+    double latency_ms;                      /* < 0: not sent, or a local failure */
     char error[kOutcomeErrorSize];
 };
 
@@ -71,6 +81,12 @@ struct DispatcherSettings {
     BackoffPolicy backoff{1000, 300000};
     int64_t defer_delay_ms = 30000;
     int64_t max_retry_after_s = 86400;
+    /*
+     * Transfers (sockets) this worker has in flight at most, across all
+     * endpoints; 0 = unlimited.  Messages beyond it stay queued, in order,
+     * until transfers finish.  It also bounds the keep-alive pool.
+     */
+    std::size_t max_transfers = 0;
 };
 
 class Dispatcher {
@@ -90,9 +106,12 @@ public:
     bool add(ClaimedMessage &&m) noexcept;
 
     /*
-     * Submit queued messages while their endpoint has room.  A message whose
-     * endpoint is unknown, or whose request cannot be built or started,
-     * becomes a Retry outcome at once.  now_unix_s: webhook-timestamp.
+     * Submit queued messages while their endpoint has room and fewer than
+     * max_transfers are in flight, one message per endpoint in turn (so
+     * that under the cap no endpoint takes every free place).  A message
+     * whose endpoint is unknown, or whose request cannot be built, becomes
+     * a Retry outcome at once; one whose transfer cannot be started becomes
+     * a refunded local-failure Retry.  now_unix_s: webhook-timestamp.
      */
     void pump(int64_t now_unix_s) noexcept;
 
@@ -122,13 +141,18 @@ private:
     struct Sent {
         int64_t id;
         int64_t lease_version;
+        int64_t lease_until_us;
         int attempts;
         std::string endpoint;
         int endpoint_tag;
     };
-    void push_release(int64_t id, int64_t lease_version, int endpoint_tag, const char *why) noexcept;
+    void push_release(int64_t id, int64_t lease_version, int64_t lease_until_us, int endpoint_tag,
+                      const char *why) noexcept;
 
-    void fail_now(const ClaimedMessage &m, const char *why) noexcept;
+    void fail_now(const ClaimedMessage &m, const char *why, bool local) noexcept;
+    void send_front(EndpointState &ep, int64_t now_unix_s) noexcept;
+    bool below_max_transfers() const noexcept;
+    void apply_pool_size() noexcept;
 
     HttpEngine engine_;
     DispatcherSettings settings_;
@@ -138,6 +162,9 @@ private:
     std::vector<DeliveryOutcome> outcomes_;
     std::vector<HttpCompletion> completions_;
     std::vector<std::string> header_buf_;
+    std::vector<EndpointState *> ready_;          /* pump(): endpoints with work and room */
+    std::size_t next_first_ = 0;                  /* pump(): which of them goes first */
+    long pool_size_ = 256;                        /* HttpEngineOptions::max_connections */
     std::mt19937_64 rng_;
     uint64_t next_tag_ = 1;
     std::size_t queued_ = 0;

@@ -8,12 +8,35 @@
  * on_socket()/on_timeout(); collect() reads CURLMSG_DONE messages, fills an
  * HttpCompletion and returns the easy handle to the pool (connections live
  * in the multi handle's pool, so reuse does not depend on the easy handle).
+ *
+ * Decisions made here:
+ *
+ *  - A response cut off inside its header section is reported as
+ *    CURLE_PARTIAL_FILE (curl's own code for "less arrived than announced")
+ *    with status 0 and the error "response ended inside its header
+ *    section".  libcurl itself returns CURLE_OK for a status line and some
+ *    headers followed by a close, which would let a 200 that never finished
+ *    mark a message done.  The header callback sees every header block
+ *    (1xx interim responses, then the final one) and the empty line that
+ *    ends each; only a block with a final status (>= 200) that ended
+ *    counts.
+ *
+ *  - Local failures: the sockets are opened by our CURLOPT_OPENSOCKETFUNCTION
+ *    so that the errno of a failing socket() (EMFILE when the worker is out
+ *    of descriptors) is known for certain; CURLINFO_OS_ERRNO covers
+ *    connect/send/recv.  That value is never reset by libcurl on a reused
+ *    handle, so a handle that recorded one is destroyed instead of pooled:
+ *    every pooled handle starts with os_errno 0 and a stale errno cannot
+ *    mark a later, unrelated failure as local.
  */
 #include "core/http_engine.hpp"
 
 #include <curl/curl.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +53,11 @@ struct HttpEngine::Transfer {
     HttpCompletion result;
     std::size_t body_seen = 0;
     bool body_overflow = false;
+    /* header blocks seen by the header callback (see the file comment) */
+    long block_status = 0;         /* status of the block being read */
+    bool in_block = false;         /* a status line arrived, its empty line not yet */
+    bool headers_complete = false; /* a final (>= 200) block has ended */
+    int socket_errno = 0;          /* errno of a failed socket(), 0 if none */
 };
 
 namespace {
@@ -61,9 +89,35 @@ extern "C" size_t od_curl_write_cb(char *ptr, size_t size, size_t nmemb, void *u
     return n;
 }
 
+/* Status code of a status line "HTTP/<version> <3 digits>...", 0 if malformed. */
+long status_of_line(const char *p, size_t n) {
+    size_t i = 5; /* past "HTTP/" */
+    while (i < n && p[i] != ' ') i++;
+    while (i < n && p[i] == ' ') i++;
+    if (n - i < 3) return 0;
+    long v = 0;
+    for (size_t k = 0; k < 3; k++) {
+        if (p[i + k] < '0' || p[i + k] > '9') return 0;
+        v = v * 10 + (p[i + k] - '0');
+    }
+    return v;
+}
+
 extern "C" size_t od_curl_header_cb(char *ptr, size_t size, size_t nitems, void *userdata) {
     auto *t = static_cast<HttpEngine::Transfer *>(userdata);
     size_t n = size * nitems;
+    if (n >= 5 && std::memcmp(ptr, "HTTP/", 5) == 0) {
+        /* a new header block: an interim (1xx) or the final response */
+        t->block_status = status_of_line(ptr, n);
+        t->in_block = true;
+        return n;
+    }
+    if ((n == 2 && ptr[0] == '\r' && ptr[1] == '\n') || (n == 1 && ptr[0] == '\n')) {
+        /* the empty line ends the block; trailers after the final one change nothing */
+        if (t->in_block && t->block_status >= 200) t->headers_complete = true;
+        t->in_block = false;
+        return n;
+    }
     static const char kName[] = "retry-after:";
     const size_t kLen = sizeof(kName) - 1;
     if (n > kLen) {
@@ -85,6 +139,27 @@ extern "C" size_t od_curl_header_cb(char *ptr, size_t size, size_t nitems, void 
         }
     }
     return n;
+}
+
+inline bool errno_is_local(long e) { return e == EMFILE || e == ENFILE || e == ENOMEM || e == ENOBUFS; }
+
+/*
+ * libcurl's own socket() call plus two things: the errno of a failure is
+ * kept for collect(), and the descriptor is close-on-exec (nothing a
+ * worker might start should inherit a delivery connection).
+ */
+extern "C" curl_socket_t od_curl_opensocket_cb(void *clientp, curlsocktype, struct curl_sockaddr *a) {
+    auto *t = static_cast<HttpEngine::Transfer *>(clientp);
+    int type = a->socktype;
+#ifdef SOCK_CLOEXEC
+    type |= SOCK_CLOEXEC;
+#endif
+    int fd = ::socket(a->family, type, a->protocol);
+    if (fd < 0) {
+        t->socket_errno = errno;
+        return CURL_SOCKET_BAD;
+    }
+    return static_cast<curl_socket_t>(fd);
 }
 
 }  // namespace
@@ -115,6 +190,7 @@ bool HttpEngine::init(const HttpEngineOptions &opts) noexcept {
             return false;
         }
         if (opts.ca_file && *opts.ca_file) ca_file_ = opts.ca_file;
+        user_agent_ = opts.user_agent ? opts.user_agent : "outbox_dispatcher";
         curl_multi_setopt(multi_, CURLMOPT_SOCKETFUNCTION, od_curl_socket_cb);
         curl_multi_setopt(multi_, CURLMOPT_SOCKETDATA, this);
         curl_multi_setopt(multi_, CURLMOPT_TIMERFUNCTION, od_curl_timer_cb);
@@ -151,6 +227,10 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         t->errbuf[0] = '\0';
         t->body_seen = 0;
         t->body_overflow = false;
+        t->block_status = 0;
+        t->in_block = false;
+        t->headers_complete = false;
+        t->socket_errno = 0;
 
         curl_slist *hl = nullptr;
         for (const std::string &line : header_lines) {
@@ -179,6 +259,10 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
         curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
         curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+        /* "" disables proxies even when http_proxy/all_proxy/... are set in the environment */
+        curl_easy_setopt(e, CURLOPT_PROXY, "");
+        curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, od_curl_opensocket_cb);
+        curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, t);
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
         curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms, 10000L));
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
@@ -192,7 +276,7 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, od_curl_header_cb);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
         curl_easy_setopt(e, CURLOPT_PRIVATE, t);
-        curl_easy_setopt(e, CURLOPT_USERAGENT, "outbox_dispatcher/0.1");
+        curl_easy_setopt(e, CURLOPT_USERAGENT, user_agent_.c_str());
 
         running_.emplace(e, t);
         CURLMcode mc = curl_multi_add_handle(multi_, e);
@@ -211,6 +295,12 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         }
         return false;
     }
+}
+
+void HttpEngine::destroy(Transfer *t) noexcept {
+    if (t->headers) curl_slist_free_all(t->headers);
+    curl_easy_cleanup(t->easy);
+    delete t;
 }
 
 void HttpEngine::release(Transfer *t) noexcept {
@@ -308,13 +398,23 @@ void HttpEngine::collect() noexcept {
         curl_easy_getinfo(e, CURLINFO_TOTAL_TIME, &total);
         r.total_ms = total * 1000.0;
         r.status = status;
+        long os_errno = 0;
+        curl_easy_getinfo(e, CURLINFO_OS_ERRNO, &os_errno);
+        const char *why = nullptr;
         if (code == CURLE_WRITE_ERROR && t->body_overflow && status > 0)
             code = CURLE_OK; /* we cut off an oversized body on purpose */
+        if (code == CURLE_OK && !t->headers_complete) {
+            code = CURLE_PARTIAL_FILE; /* libcurl said OK, but no final response ever completed */
+            why = "response ended inside its header section";
+        }
         r.curl_code = static_cast<int>(code);
         if (code != CURLE_OK) {
-            const char *m = t->errbuf[0] ? t->errbuf : curl_easy_strerror(code);
+            const char *m = why ? why : t->errbuf[0] ? t->errbuf : curl_easy_strerror(code);
             std::snprintf(r.error, sizeof r.error, "%s", m);
             r.status = 0; /* a partial response is a transport failure */
+            long err = t->socket_errno != 0 ? t->socket_errno : os_errno;
+            r.os_errno = static_cast<int>(err);
+            r.local_failure = code == CURLE_OUT_OF_MEMORY || errno_is_local(err);
         }
         curl_multi_remove_handle(multi_, e);
         running_.erase(it);
@@ -323,7 +423,10 @@ void HttpEngine::collect() noexcept {
         } catch (...) {
             /* cannot report it: the lease will expire and the message be retried */
         }
-        release(t);
+        if (os_errno != 0)
+            destroy(t); /* its CURLINFO_OS_ERRNO would outlive this transfer */
+        else
+            release(t);
     }
 }
 
@@ -341,12 +444,13 @@ std::size_t HttpEngine::drain(std::vector<HttpCompletion> &out) noexcept {
 void HttpEngine::abort_all() noexcept {
     for (auto &kv : running_) {
         curl_multi_remove_handle(multi_, kv.first);
-        Transfer *t = kv.second;
-        if (t->headers) curl_slist_free_all(t->headers);
-        curl_easy_cleanup(t->easy);
-        delete t;
+        destroy(kv.second);
     }
     running_.clear();
+}
+
+void HttpEngine::set_max_connections(long n) noexcept {
+    if (multi_) curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, n);
 }
 
 }  // namespace od

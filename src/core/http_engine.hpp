@@ -11,9 +11,14 @@
  *
  * Connections are kept alive in the multi handle's pool and reused across
  * submits.  Safety settings on every transfer: no redirects, http/https
- * only, TLS peer and host verification, connect and total timeouts, no
- * signals, response bodies captured up to kBodyCap bytes and the transfer
- * cut off past kBodyAbort bytes (never buffered whole).
+ * only, no proxy (http_proxy, all_proxy, ... in the environment of the
+ * postmaster are ignored: deliveries must not be routed through whatever
+ * the server was started with), TLS peer and host verification, connect
+ * and total timeouts, no signals, response bodies captured up to kBodyCap
+ * bytes and the transfer cut off past kBodyAbort bytes (never buffered
+ * whole).  A response is a response only once its header section is
+ * complete: one cut off inside it is a transport error, whatever status
+ * line arrived.
  *
  * Every public method is noexcept: allocation failures are caught inside and
  * reported as a failed submit or a completion with an error, so no C++
@@ -45,6 +50,15 @@ struct HttpCompletion {
     char body[kBodyCap];           /* first bytes of the response body */
     std::size_t body_len;
     double total_ms;               /* request duration */
+    /*
+     * The transfer failed because this process ran out of something (file
+     * descriptors, memory, socket buffers), not because of the endpoint:
+     * curl_code is CURLE_OUT_OF_MEMORY, or the failing socket call set
+     * errno to EMFILE, ENFILE, ENOMEM or ENOBUFS.  Only set with a nonzero
+     * curl_code.
+     */
+    bool local_failure;
+    int os_errno;                  /* errno of the failing socket call, 0 if none */
 };
 
 struct HttpSocket {
@@ -56,6 +70,7 @@ struct HttpSocket {
 struct HttpEngineOptions {
     const char *ca_file = nullptr;  /* nullptr: the system CA store */
     long max_connections = 256;     /* size of the keep-alive pool */
+    const char *user_agent = "outbox_dispatcher";  /* User-Agent header (copied) */
 };
 
 class HttpEngine {
@@ -71,7 +86,9 @@ public:
 
     /*
      * Start a POST.  header_lines are complete "Name: value" lines; the body
-     * is copied.  Returns false if the transfer could not be created.
+     * is copied.  Returns false if the transfer could not be created; that
+     * is always this process's own failure (out of memory, libcurl refusing
+     * a handle), never the endpoint's, so callers treat it as local.
      */
     bool submit(uint64_t tag, const char *url, const char *body, std::size_t body_len,
                 const std::vector<std::string> &header_lines, long timeout_ms) noexcept;
@@ -97,6 +114,12 @@ public:
     /* Abandon every transfer in flight (shutdown). */
     void abort_all() noexcept;
 
+    /*
+     * Resize the keep-alive pool (CURLMOPT_MAXCONNECTS) after init(); a
+     * smaller pool closes idle connections as transfers finish.
+     */
+    void set_max_connections(long n) noexcept;
+
     /* libcurl callbacks (C linkage trampolines call these). */
     int socket_cb(int fd, int what) noexcept;
     int timer_cb(long timeout_ms) noexcept;
@@ -106,9 +129,11 @@ public:
 private:
     void collect() noexcept;
     void release(Transfer *t) noexcept;
+    void destroy(Transfer *t) noexcept;
 
     void *multi_ = nullptr;           /* CURLM * */
     std::string ca_file_;
+    std::string user_agent_ = "outbox_dispatcher";
     std::string last_error_;
     std::unordered_map<void *, Transfer *> running_;   /* CURL * -> transfer */
     std::vector<Transfer *> idle_;             /* reusable easy handles */

@@ -29,6 +29,14 @@
  *    defer_delay_ms.  A Defer refunds the attempt, so it never turns Dead
  *    here (max_defer_age is the database's business).
  *
+ *  - A local failure (DeliveryResult::local_failure with a transport error)
+ *    is tested before everything else: Retry, attempt refunded
+ *    (Outcome::local_failure), local_failure_delay_ms, whatever attempts
+ *    and max_attempts say, Retry-After ignored (no response).  The error
+ *    names the resource from the errno with our own short table (strerror
+ *    is neither guaranteed allocation-free nor thread-safe) and quotes
+ *    curl's message after it.
+ *
  *  - error is a short English sentence for last_error.  Quoted response
  *    bodies and curl messages are made safe for a text column: control
  *    characters (CR, LF, TAB, NUL, DEL, ...) become spaces, runs of
@@ -39,6 +47,7 @@
  */
 #include "core/outcome.hpp"
 
+#include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -235,6 +244,22 @@ void put_detail(Writer &w, const DeliveryResult &r, const char *body, std::size_
     }
 }
 
+/* What ran out, for the local failure message. */
+const char *local_resource(const DeliveryResult &r) noexcept {
+    switch (r.os_errno) {
+    case EMFILE:
+        return "Too many open files";
+    case ENFILE:
+        return "Too many open files in system";
+    case ENOMEM:
+        return "Cannot allocate memory";
+    case ENOBUFS:
+        return "No buffer space available";
+    default:
+        return r.transport_error == CURLE_OUT_OF_MEMORY ? "out of memory" : "resource exhausted";
+    }
+}
+
 bool in_defer_list(long status, const OutcomePolicy &p) noexcept {
     if (p.defer_statuses == nullptr) return false;
     for (std::size_t i = 0; i < p.n_defer_statuses; i++)
@@ -419,6 +444,14 @@ int64_t full_jitter_ms(int attempts, const BackoffPolicy &b, uint64_t random64) 
     return static_cast<int64_t>(mul_hi64(random64, span));
 }
 
+int64_t local_failure_delay_ms(const BackoffPolicy &b, uint64_t random64) noexcept {
+    if (b.base_ms <= 0 || b.cap_ms <= 0) return 0;
+    int64_t ceiling = b.base_ms < b.cap_ms ? b.base_ms : b.cap_ms;
+    int64_t half = ceiling / 2;
+    /* half + uniform [0, ceiling - half]; the span fits easily in uint64_t */
+    return half + static_cast<int64_t>(mul_hi64(random64, static_cast<uint64_t>(ceiling - half) + 1));
+}
+
 bool parse_retry_after(const char *v, std::size_t len, int64_t now_unix_s, int64_t *delay_s) noexcept {
     if (v == nullptr || delay_s == nullptr) return false;
     const char *p = v, *end = v + len;
@@ -451,12 +484,25 @@ Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, 
     Outcome o;
     o.verdict = Verdict::Dead;
     o.delay_ms = 0;
+    o.local_failure = false;
     o.error[0] = '\0';
     Writer w{o.error, sizeof o.error, 0};
 
     const bool transport = r.transport_error != 0;
     const long status = r.http_status;
     const bool not_http = !transport && (status < 100 || status > 599);
+
+    if (transport && r.local_failure) {
+        /* the dispatcher's own problem: neither the message nor the endpoint is charged */
+        o.verdict = Verdict::Retry;
+        o.local_failure = true;
+        o.delay_ms = local_failure_delay_ms(p.backoff, random64);
+        w.put("local resource failure in the dispatcher (");
+        w.put(local_resource(r));
+        w.put("); attempt not counted");
+        put_detail(w, r, body, body_len);
+        return o;
+    }
 
     if (!transport && status >= 200 && status <= 299) {
         o.verdict = Verdict::Done;

@@ -14,6 +14,8 @@
  *                                           never sooner than Retry-After;
  *                                           Dead once attempts >= max_attempts
  *   other 1xx/3xx/4xx                    -> Dead
+ *   local resource failure (this process -> Retry after local_failure_delay_ms,
+ *   out of descriptors or memory)           attempt refunded, never Dead
  */
 #pragma once
 
@@ -36,6 +38,13 @@ struct DeliveryResult {
     long http_status;               /* 0 when no response */
     const char *retry_after;        /* raw Retry-After header value, or nullptr */
     std::size_t retry_after_len;
+    /*
+     * The transport error was this process's own (HttpCompletion::local_failure):
+     * the endpoint is not to blame and the attempt does not count.  Ignored
+     * without a transport error (an HTTP response is the endpoint's answer).
+     */
+    bool local_failure = false;
+    int os_errno = 0;               /* the errno behind it, 0 if unknown */
 };
 
 /* Per-endpoint and global settings that classification depends on. */
@@ -53,6 +62,7 @@ constexpr std::size_t kOutcomeErrorSize = 512;
 struct Outcome {
     Verdict verdict;
     int64_t delay_ms;               /* Retry/Defer: delay before the message is available again */
+    bool local_failure;             /* Retry for a local failure: refund the attempt, not the endpoint's doing */
     char error[kOutcomeErrorSize];  /* "" for Done; otherwise why (for last_error) */
 };
 
@@ -69,6 +79,14 @@ Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, 
 
 /* random(0, min(cap, base * 2^attempts)) in ms, overflow-safe for any attempts >= 0. */
 int64_t full_jitter_ms(int attempts, const BackoffPolicy &b, uint64_t random64) noexcept;
+
+/*
+ * Delay after a local resource failure: uniform in [c/2, c] with
+ * c = min(base, cap), whatever the attempt count (the attempt is refunded,
+ * so there is no growth; never 0, so a worker out of descriptors does not
+ * spin on the same messages).
+ */
+int64_t local_failure_delay_ms(const BackoffPolicy &b, uint64_t random64) noexcept;
 
 /*
  * Parse a Retry-After value: delay-seconds (non-negative integer) or an

@@ -1,5 +1,11 @@
 /*
  * core/request.cpp — wire headers of one delivery (see request.hpp).
+ *
+ * A message header named like one of the endpoint's headers is dropped:
+ * the endpoint's configuration is the operator's, the message's headers
+ * are the producer's, and a producer must not be able to send a second
+ * Authorization (or X-Tenant, ...) next to the endpoint's, which receivers
+ * resolve in different ways (first wins, last wins, joined with a comma).
  */
 #include "core/request.hpp"
 
@@ -9,6 +15,32 @@
 #include "core/signing.hpp"
 
 namespace od {
+namespace {
+
+/* Length of the name of a "Name: value" line: the bytes before the first ':'. */
+std::size_t name_length(const std::string &line) noexcept {
+    std::size_t p = line.find(':');
+    return p == std::string::npos ? line.size() : p;
+}
+
+inline char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+/* Do the two lines carry the same header name (case-insensitive)? */
+bool same_name(const std::string &a, const std::string &b) noexcept {
+    std::size_t n = name_length(a);
+    if (name_length(b) != n) return false;
+    for (std::size_t i = 0; i < n; i++)
+        if (lower(a[i]) != lower(b[i])) return false;
+    return true;
+}
+
+bool named_by_endpoint(const std::string &line, const std::vector<std::string> &endpoint_headers) noexcept {
+    for (const std::string &e : endpoint_headers)
+        if (same_name(line, e)) return true;
+    return false;
+}
+
+}  // namespace
 
 bool build_request_headers(const MessageHead &m, const std::string &source,
                            const std::vector<std::string> &endpoint_headers,
@@ -31,7 +63,8 @@ bool build_request_headers(const MessageHead &m, const std::string &source,
         out.emplace_back(std::string("ce-time: ") + when);
         out.emplace_back("X-Outbox-Attempt: " + std::to_string(m.attempts));
         for (const std::string &h : endpoint_headers) out.push_back(h);
-        for (const std::string &h : message_headers) out.push_back(h);
+        for (const std::string &h : message_headers)
+            if (!named_by_endpoint(h, endpoint_headers)) out.push_back(h); /* the endpoint's wins */
         if (keylen > 0) {
             char sig[kSignatureSize];
             if (!webhook_signature(key, keylen, id, static_cast<std::size_t>(idlen), now_unix_s, body, body_len, sig))

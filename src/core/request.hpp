@@ -7,7 +7,8 @@
  *   Idempotency-Key: <id>
  *   ce-specversion: 1.0, ce-id, ce-source, ce-type, ce-subject, ce-time
  *   X-Outbox-Attempt: <attempts>
- *   the endpoint's headers, then the message's headers
+ *   the endpoint's headers, then the message's headers (a message header
+ *   with the name of one of the endpoint's, in any letter case, is dropped)
  *   webhook-id, webhook-timestamp, webhook-signature (when the endpoint has a secret)
  * The signature covers exactly `body`, the bytes that are sent.
  * Header names and values were validated when the rows were written

@@ -161,8 +161,15 @@ bool header_name_is_reserved(const char *name, std::size_t len) {
     return istarts(name, len, "ce-") || istarts(name, len, "webhook-");
 }
 
+bool is_blank(const char *s, std::size_t len) noexcept {
+    for (std::size_t i = 0; i < len; i++)
+        if (s[i] != ' ' && s[i] != '\t') return false;
+    return true;
+}
+
 const char *check_header_value(const char *value, std::size_t len) {
     if (len > 8192) return "is longer than 8192 bytes";
+    if (is_blank(value, len)) return "must not be blank";
     for (std::size_t i = 0; i < len; i++) {
         unsigned char c = static_cast<unsigned char>(value[i]);
         if (c == '\r' || c == '\n') return "contains a carriage return or line feed";
@@ -209,6 +216,60 @@ std::size_t base64_encode(const unsigned char *in, std::size_t len, char *out) {
         out[o++] = '=';
     }
     return o;
+}
+
+namespace {
+
+/* Bounded output for redact_url: appends while there is room, keeps the NUL. */
+struct Out {
+    char *buf;
+    std::size_t cap;  /* bytes available before the NUL */
+    std::size_t len;
+    void put(const char *s, std::size_t n) noexcept {
+        if (n > cap - len) n = cap - len;
+        if (n == 0) return; /* s may be nullptr then, which memcpy does not allow even for 0 bytes */
+        std::memcpy(buf + len, s, n);
+        len += n;
+    }
+};
+
+}  // namespace
+
+std::size_t redact_url(const char *url, std::size_t len, char *out, std::size_t outsz) noexcept {
+    if (out == nullptr || outsz == 0) return 0;
+    Out o{out, outsz - 1, 0};
+    if (url == nullptr) len = 0;
+
+    /*
+     * "scheme://": the scheme is taken to be whatever precedes the first
+     * "://", as long as it is not empty and holds no '/', '?' or '#'.  That
+     * is looser than RFC 3986 on purpose: the URLs worth redacting are
+     * often the rejected ones (" http://u:pw@host", "htp://u:pw@host"), and
+     * redaction should err on the side of hiding.
+     */
+    std::size_t auth = 0;
+    for (std::size_t i = 0; i < len; i++) {
+        char c = url[i];
+        if (c == '/' || c == '?' || c == '#') break;
+        if (c == ':' && i > 0 && len - i >= 3 && url[i + 1] == '/' && url[i + 2] == '/') {
+            auth = i + 3;
+            break;
+        }
+    }
+    std::size_t at = 0; /* index of the last '@' of the authority, 0 = none */
+    if (auth > 0) {
+        for (std::size_t i = auth; i < len && url[i] != '/' && url[i] != '?' && url[i] != '#'; i++)
+            if (url[i] == '@') at = i;
+    }
+    if (at > 0) {
+        o.put(url, auth);
+        o.put("***", 3);
+        o.put(url + at, len - at);
+    } else {
+        o.put(url, len);
+    }
+    out[o.len] = '\0';
+    return o.len;
 }
 
 const char *check_signing_secret(const char *secret, std::size_t len) {

@@ -43,10 +43,15 @@ const char *check_header_name(const char *name, std::size_t len);
  */
 bool header_name_is_reserved(const char *name, std::size_t len);
 
+/* true when s is empty or only spaces and horizontal tabs. */
+bool is_blank(const char *s, std::size_t len) noexcept;
+
 /*
- * An HTTP header field value: no CR, LF, NUL or other control character
- * except horizontal tab, at most 8192 bytes.  Bytes >= 0x80 are allowed
- * (obs-text).
+ * An HTTP header field value: not blank (is_blank: a header without a
+ * value, which libcurl would not even send), no CR, LF, NUL or other
+ * control character except horizontal tab, at most 8192 bytes.  Bytes
+ * >= 0x80 are allowed (obs-text).  Leading and trailing whitespace is
+ * accepted (HTTP strips it).
  */
 const char *check_header_value(const char *value, std::size_t len);
 
@@ -70,5 +75,20 @@ long base64_decode(const char *in, std::size_t len, unsigned char *out);
 
 /* Encode standard base64 with padding; out must hold 4 * ((len + 2) / 3) bytes. */
 std::size_t base64_encode(const unsigned char *in, std::size_t len, char *out);
+
+/*
+ * A URL fit for an error message: copied into out, NUL-terminated and cut
+ * to outsz - 1 bytes, with the userinfo of its authority replaced by
+ * "***" (the URL https://user:pw@host/x keeps "https:", "//" and "@host/x",
+ * with "***" in place of "user:pw").  The authority is what follows
+ * "scheme://" up to the first '/', '?' or '#' (the scheme being any
+ * non-empty text without '/', '?', '#' before the first "://", so that
+ * malformed URLs are redacted too); the userinfo is everything in it
+ * before its last '@'.  Other URLs are copied unchanged, control
+ * characters included (quoting is the caller's business).  A cut never
+ * exposes part of the userinfo.  Returns the number of bytes written
+ * before the NUL; outsz 0 writes nothing.
+ */
+std::size_t redact_url(const char *url, std::size_t len, char *out, std::size_t outsz) noexcept;
 
 }  // namespace od

@@ -5,14 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <curl/curl.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -21,10 +28,14 @@
 
 #include "core/dispatcher.hpp"
 #include "core/http_engine.hpp"
+#include "core/outcome.hpp"
 
 namespace {
 
-// A tiny keep-alive HTTP server: the response depends on the request path.
+// A tiny keep-alive HTTP server: the response depends on the request path
+// (the query is ignored; an absolute-form target "http://host/path", as
+// sent to a proxy, is routed by its path, so the server can stand in for a
+// proxy that would forward and answer).
 class LoopbackServer {
 public:
     LoopbackServer() {
@@ -53,6 +64,8 @@ public:
     }
     std::string url(const std::string &path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
     int connections() const { return accepted_.load(); }
+    int open_connections() const { return open_.load(); }  // accepted, not yet closed
+    int max_concurrent() const { return max_active_.load(); }
     std::vector<std::string> requests() {
         std::lock_guard<std::mutex> g(mu_);
         return requests_;
@@ -64,12 +77,17 @@ private:
             int fd = ::accept(listen_fd_, nullptr, nullptr);
             if (fd < 0) return;
             accepted_++;
+            open_++;
             std::lock_guard<std::mutex> g(mu_);
             conns_.push_back(fd);
             workers_.emplace_back([this, fd] { serve(fd); });
         }
     }
     void serve(int fd) {
+        struct Closed {
+            std::atomic<int> &n;
+            ~Closed() { --n; }
+        } closed{open_};
         std::string buf;
         char tmp[4096];
         for (;;) {
@@ -96,8 +114,56 @@ private:
             }
             std::string path = head.substr(head.find(' ') + 1);
             path = path.substr(0, path.find(' '));
+            if (path.rfind("http://", 0) == 0) {
+                size_t slash = path.find('/', 7);
+                path = slash == std::string::npos ? "/" : path.substr(slash);
+            }
+            path = path.substr(0, path.find('?'));
+            int now_active = ++active_;
+            for (int m = max_active_.load(); now_active > m && !max_active_.compare_exchange_weak(m, now_active);) {
+            }
+            struct Leave {
+                std::atomic<int> &a;
+                ~Leave() { --a; }
+            } leave{active_};
             std::string resp;
-            if (path == "/ok") {
+            if (path == "/cut-headers") {
+                // a status line and one header, then the connection closes
+                const std::string h = "HTTP/1.1 200 OK\r\nX-A: b\r\n";
+                ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
+                ::close(fd);
+                return;
+            } else if (path == "/hints-only") {
+                // a complete 103 block, then the connection closes before the final response
+                const std::string h = "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n";
+                ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
+                ::close(fd);
+                return;
+            } else if (path == "/hints-then-cut") {
+                // a complete 103 block, then a final status line and a header, then the close
+                const std::string h = "HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 200 OK\r\nX-A: b\r\n";
+                ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
+                ::close(fd);
+                return;
+            } else if (path == "/early-hints") {
+                resp = "HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+            } else if (path == "/continue") {
+                resp = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n";
+            } else if (path == "/no-content") {
+                resp = "HTTP/1.1 204 No Content\r\n\r\n";
+            } else if (path == "/chunked-trailer") {
+                resp = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n"
+                       "2\r\nok\r\n0\r\nX-T: 1\r\n\r\n";
+            } else if (path == "/until-close") {
+                // HTTP/1.0, no Content-Length: the body runs to the close
+                const std::string h = "HTTP/1.0 200 OK\r\n\r\nbody";
+                ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
+                ::close(fd);
+                return;
+            } else if (path == "/slowish") {
+                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+            } else if (path == "/ok") {
                 resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
             } else if (path == "/busy") {
                 resp = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 7\r\nContent-Length: 4\r\n\r\nbusy";
@@ -126,6 +192,9 @@ private:
     int port_ = 0;
     std::atomic<bool> stop_{false};
     std::atomic<int> accepted_{0};
+    std::atomic<int> open_{0};
+    std::atomic<int> active_{0};      // requests being answered right now
+    std::atomic<int> max_active_{0};
     std::thread accept_thread_;
     std::mutex mu_;
     std::vector<int> conns_;
@@ -378,6 +447,445 @@ TEST(Dispatcher, AbandonReleasesQueuedAndInFlight) {
         EXPECT_EQ(o.delay_ms, 0);
         EXPECT_EQ(o.lease_version, 4);
     }
+}
+
+// ------------------------------------------------------------ no proxies
+
+// Sets the proxy variables libcurl reads for the lifetime of the object,
+// clearing no_proxy so that loopback is not exempt, and puts every one of
+// them back afterwards.
+class ProxyEnvironment {
+public:
+    explicit ProxyEnvironment(const std::string &proxy_url) {
+        for (const char *name : kNames) {
+            const char *v = std::getenv(name);
+            saved_.emplace_back(name, v != nullptr, v ? v : "");
+        }
+        for (const char *name : {"http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"})
+            ::setenv(name, proxy_url.c_str(), 1);
+        ::unsetenv("no_proxy");
+        ::unsetenv("NO_PROXY");
+    }
+    ~ProxyEnvironment() {
+        for (const auto &v : saved_) {
+            if (std::get<1>(v))
+                ::setenv(std::get<0>(v), std::get<2>(v).c_str(), 1);
+            else
+                ::unsetenv(std::get<0>(v));
+        }
+    }
+
+private:
+    static constexpr const char *kNames[] = {"http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY",
+                                             "all_proxy",  "ALL_PROXY",  "no_proxy",    "NO_PROXY"};
+    std::vector<std::tuple<const char *, bool, std::string>> saved_;
+};
+
+TEST_F(HttpEngineTest, EnvironmentProxiesAreIgnored) {
+    LoopbackServer proxy;  // would forward and answer 200 if it were used
+    ProxyEnvironment env(proxy.url(""));
+    ASSERT_TRUE(engine.submit(1, server.url("/ok").c_str(), "{}", 2, {}, 5000));
+    auto done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].curl_code, 0) << done[0].error;
+    EXPECT_EQ(done[0].status, 200);
+    EXPECT_EQ(server.requests().size(), 1u);  // reached the real server ...
+    EXPECT_EQ(proxy.connections(), 0);        // ... and nothing else
+}
+
+// --------------------------------------------------- incomplete header section
+
+TEST_F(HttpEngineTest, ResponseCutInsideHeadersIsATransportError) {
+    ASSERT_TRUE(engine.submit(1, server.url("/cut-headers").c_str(), "{}", 2, {}, 5000));
+    auto done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].curl_code, CURLE_PARTIAL_FILE);
+    EXPECT_EQ(done[0].status, 0);
+    EXPECT_STREQ(done[0].error, "response ended inside its header section");
+    EXPECT_FALSE(done[0].local_failure);
+
+    // and the outcome table makes it a Retry, never a Done
+    od::DeliveryResult r{};
+    r.transport_error = done[0].curl_code;
+    r.transport_message = done[0].error;
+    r.http_status = done[0].status;
+    od::OutcomePolicy p{};
+    p.max_attempts = 12;
+    p.backoff = od::BackoffPolicy{1000, 60000};
+    od::Outcome o = od::classify(r, p, 1, 1700000000, 0, done[0].body, done[0].body_len);
+    EXPECT_EQ(o.verdict, od::Verdict::Retry);
+    EXPECT_FALSE(o.local_failure);
+    EXPECT_STREQ(o.error, "transport error (curl 18): response ended inside its header section");
+}
+
+TEST_F(HttpEngineTest, AnEndedInterimBlockDoesNotCompleteTheHeaders) {
+    // the 103 block ended, the final one did not
+    ASSERT_TRUE(engine.submit(1, server.url("/hints-then-cut").c_str(), "{}", 2, {}, 5000));
+    // and a 103 alone is no response either
+    ASSERT_TRUE(engine.submit(2, server.url("/hints-only").c_str(), "{}", 2, {}, 5000));
+    auto done = run_until(engine, 2);
+    ASSERT_EQ(done.size(), 2u);
+    for (const auto &c : done) {
+        EXPECT_NE(c.curl_code, 0) << c.tag;
+        EXPECT_EQ(c.status, 0) << c.tag;
+        if (c.tag == 1) {
+            EXPECT_STREQ(c.error, "response ended inside its header section");
+        }
+    }
+}
+
+TEST_F(HttpEngineTest, CompleteResponsesAreStillResponses) {
+    const char *paths[] = {"/ok", "/early-hints", "/continue", "/no-content", "/chunked-trailer", "/until-close"};
+    const long want_status[] = {200, 200, 201, 204, 200, 200};
+    const char *want_body[] = {"ok", "{}", "", "", "ok", "body"};
+    for (uint64_t i = 0; i < 6; i++)
+        ASSERT_TRUE(engine.submit(i, server.url(paths[i]).c_str(), "{}", 2, {}, 5000));
+    auto done = run_until(engine, 6);
+    ASSERT_EQ(done.size(), 6u);
+    for (const auto &c : done) {
+        EXPECT_EQ(c.curl_code, 0) << paths[c.tag] << ": " << c.error;
+        EXPECT_EQ(c.status, want_status[c.tag]) << paths[c.tag];
+        EXPECT_EQ(std::string(c.body, c.body_len), want_body[c.tag]) << paths[c.tag];
+    }
+}
+
+// --------------------------------------------------- local resource failures
+
+// Run fn in a forked child (rlimits stay there) under a watchdog; returns
+// its exit status, or 128 + the signal that killed it.  The child leaves
+// with _exit: the parent's threads (the servers) do not exist in it, so no
+// destructor may run there.
+int in_child(const std::function<int()> &fn) {
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) return 127;
+    if (pid == 0) {
+        ::alarm(30);
+        int rc = 126;
+        try {
+            rc = fn();
+        } catch (...) {
+        }
+        ::_exit(rc);
+    }
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+// Allow exactly `spare` more descriptors: RLIMIT_NOFILE bounds descriptor
+// numbers, and new ones take the lowest free numbers, so the limit goes
+// just past the spare-th free number (holes below inherited descriptors
+// such as a high-numbered pipe count as free).
+bool limit_descriptors(int spare) {
+    std::vector<bool> open;
+    DIR *d = ::opendir("/proc/self/fd");
+    if (d == nullptr) return false;
+    int dfd = ::dirfd(d);
+    while (dirent *e = ::readdir(d)) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        int fd = std::atoi(e->d_name);
+        if (fd == dfd) continue;
+        if (static_cast<size_t>(fd) >= open.size()) open.resize(static_cast<size_t>(fd) + 1, false);
+        open[static_cast<size_t>(fd)] = true;
+    }
+    ::closedir(d);
+    int free_seen = 0;
+    size_t limit = 0;
+    while (free_seen < spare) {
+        if (limit >= open.size() || !open[limit]) free_seen++;
+        limit++;
+    }
+    rlimit rl;
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
+    rl.rlim_cur = static_cast<rlim_t>(limit);
+    return ::setrlimit(RLIMIT_NOFILE, &rl) == 0;
+}
+
+TEST(LocalFailure, OutOfDescriptorsIsLocalAndNeverCharged) {
+    LoopbackServer server;
+    const std::string url = server.url("/ok");
+    int rc = in_child([&url]() -> int {
+        od::HttpEngine e;
+        if (!e.init(od::HttpEngineOptions{})) return 10;
+        if (!limit_descriptors(6)) return 11;
+        size_t submitted = 0;
+        for (uint64_t i = 0; i < 30; i++)
+            if (e.submit(i, url.c_str(), "{}", 2, {}, 5000)) submitted++;
+        if (submitted != 30) return 12;  // the engine never needs a descriptor to submit
+        auto done = run_until(e, submitted, 20000);
+        if (done.size() != submitted) return 13;
+        od::OutcomePolicy p{};
+        p.max_attempts = 1;  // any charged failure would be Dead
+        p.backoff = od::BackoffPolicy{1000, 60000};
+        int local = 0, ok = 0;
+        for (const auto &c : done) {
+            if (c.curl_code == 0 && c.status == 200) {
+                ok++;
+                continue;
+            }
+            if (!c.local_failure || c.os_errno != EMFILE) return 14;  // a failure charged to the endpoint
+            od::DeliveryResult r{};
+            r.transport_error = c.curl_code;
+            r.transport_message = c.error;
+            r.local_failure = c.local_failure;
+            r.os_errno = c.os_errno;
+            od::Outcome o = od::classify(r, p, 1, 1700000000, UINT64_MAX, nullptr, 0);
+            if (o.verdict != od::Verdict::Retry || !o.local_failure) return 15;
+            if (o.delay_ms < 500 || o.delay_ms > 1000) return 16;
+            if (std::strstr(o.error, "local resource failure in the dispatcher (Too many open files); "
+                                     "attempt not counted") != o.error)
+                return 17;
+            local++;
+        }
+        if (local == 0) return 18;  // the limit did not bite
+        if (ok == 0) return 19;     // nothing at all got through: not the test intended
+        return 0;
+    });
+    EXPECT_EQ(rc, 0) << "child failed at check " << rc;
+}
+
+// Drive a Dispatcher the way the worker does until want outcomes exist.
+void drive(od::Dispatcher &d, size_t want, int max_ms, const std::function<void()> &after_pump = {}) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_ms);
+    d.pump(1700000000);
+    if (after_pump) after_pump();
+    while (d.outcomes().size() < want && std::chrono::steady_clock::now() < deadline) {
+        const auto &socks = d.engine().sockets();
+        std::vector<pollfd> pfds;
+        for (const auto &sk : socks)
+            pfds.push_back(pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
+        if (d.engine().timeout_ms() == 0) d.engine().on_timeout();
+        if (::poll(pfds.data(), pfds.size(), 20) > 0)
+            for (const auto &p : pfds)
+                if (p.revents) d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0, (p.revents & POLLOUT) != 0);
+        d.collect(1700000000);
+        d.pump(1700000000);
+        if (after_pump) after_pump();
+    }
+}
+
+od::ClaimedMessage message(int64_t id, const std::string &endpoint, int attempts) {
+    od::ClaimedMessage m;
+    m.id = id;
+    m.lease_version = 1;
+    m.attempts = attempts;
+    m.endpoint = endpoint;
+    m.event_type = "E";
+    m.aggregate_type = "a";
+    m.aggregate_id = std::to_string(id);
+    m.body = "{}";
+    m.endpoint_tag = 3;
+    return m;
+}
+
+TEST(LocalFailure, DispatcherRefundsOutOfDescriptors) {
+    LoopbackServer server;
+    const std::string url = server.url("/ok");
+    int rc = in_child([&url]() -> int {
+        od::Dispatcher d;
+        if (!d.init(od::HttpEngineOptions{}, 7)) return 10;
+        od::DispatcherSettings s;
+        s.source = "/test";
+        s.max_attempts = 1;  // a charged failure at attempt 1 would be Dead
+        s.backoff = od::BackoffPolicy{1000, 60000};
+        d.set_settings(s);
+        od::EndpointConfig ep;
+        ep.name = "ep";
+        ep.url = url;
+        ep.max_in_flight = 100;
+        d.begin_endpoints();
+        d.add_endpoint(ep);
+        d.end_endpoints();
+        for (int i = 1; i <= 30; i++) d.add(message(i, "ep", 1));
+        if (!limit_descriptors(6)) return 11;
+        drive(d, 30, 20000);
+        if (d.outcomes().size() != 30) return 12;
+        int local = 0;
+        for (const auto &o : d.outcomes()) {
+            if (o.verdict == od::Verdict::Done) continue;
+            if (o.verdict != od::Verdict::Retry || !o.refund || !o.local_failure) return 13;
+            if (o.latency_ms >= 0) return 14;  // today's worker feeds the breaker otherwise
+            if (o.delay_ms < 500 || o.delay_ms > 1000) return 15;
+            if (std::strstr(o.error, "local resource failure") == nullptr) return 16;
+            local++;
+        }
+        return local > 0 ? 0 : 17;
+    });
+    EXPECT_EQ(rc, 0) << "child failed at check " << rc;
+}
+
+TEST(LocalFailure, SubmitFailureIsRefundedNotDead) {
+    // An engine whose multi handle was never created: every submit fails in
+    // curl_multi_add_handle, the way it does when this process is out of memory.
+    od::Dispatcher d;
+    od::DispatcherSettings s;
+    s.max_attempts = 3;
+    s.backoff = od::BackoffPolicy{2000, 60000};
+    d.set_settings(s);
+    od::EndpointConfig ep;
+    ep.name = "ep";
+    ep.url = "http://127.0.0.1:9/x";
+    d.begin_endpoints();
+    d.add_endpoint(ep);
+    d.end_endpoints();
+    ASSERT_TRUE(d.add(message(1, "ep", 3)));   // attempts == max_attempts
+    ASSERT_TRUE(d.add(message(2, "ep", 99)));  // beyond it
+    d.pump(1700000000);
+    EXPECT_EQ(d.queued(), 0u);
+    EXPECT_EQ(d.in_flight(), 0u);
+    ASSERT_EQ(d.outcomes().size(), 2u);
+    for (const auto &o : d.outcomes()) {
+        EXPECT_EQ(o.verdict, od::Verdict::Retry) << o.id;
+        EXPECT_TRUE(o.refund) << o.id;
+        EXPECT_TRUE(o.local_failure) << o.id;
+        EXPECT_EQ(o.latency_ms, -1) << o.id;
+        EXPECT_EQ(o.endpoint_tag, 3) << o.id;
+        EXPECT_GE(o.delay_ms, 1000) << o.id;
+        EXPECT_LE(o.delay_ms, 2000) << o.id;
+        EXPECT_EQ(std::string(o.error).rfind("not sent: local resource failure in the dispatcher (curl_multi_add_handle failed", 0), 0u)
+            << o.error;
+        EXPECT_NE(std::string(o.error).find("); attempt not counted"), std::string::npos) << o.error;
+    }
+}
+
+TEST(LocalFailure, UnknownEndpointIsStillCharged) {
+    od::Dispatcher d;
+    od::DispatcherSettings s;
+    s.max_attempts = 3;
+    d.set_settings(s);
+    ASSERT_TRUE(d.add(message(1, "nope", 3)));
+    ASSERT_EQ(d.outcomes().size(), 1u);
+    EXPECT_EQ(d.outcomes()[0].verdict, od::Verdict::Dead);
+    EXPECT_FALSE(d.outcomes()[0].refund);
+    EXPECT_FALSE(d.outcomes()[0].local_failure);
+}
+
+// ------------------------------------------------------------ max_transfers
+
+TEST(Dispatcher, MaxTransfersCapsTransfersAcrossTheWorker) {
+    LoopbackServer server;
+    od::Dispatcher d;
+    ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 5));
+    od::DispatcherSettings s;
+    s.source = "/test";
+    s.max_transfers = 3;
+    d.set_settings(s);
+    od::EndpointConfig ep;
+    ep.name = "slow";
+    ep.url = server.url("/slowish");
+    ep.max_in_flight = 100;
+    ep.timeout_ms = 5000;
+    d.begin_endpoints();
+    ASSERT_TRUE(d.add_endpoint(ep));
+    d.end_endpoints();
+    for (int i = 1; i <= 10; i++) ASSERT_TRUE(d.add(message(i, "slow", 1)));
+
+    size_t max_seen = 0;
+    drive(d, 10, 20000, [&] { max_seen = std::max(max_seen, d.in_flight()); });
+    ASSERT_EQ(d.outcomes().size(), 10u);
+    for (const auto &o : d.outcomes()) EXPECT_EQ(o.verdict, od::Verdict::Done) << o.id << ": " << o.error;
+    EXPECT_EQ(max_seen, 3u);
+    EXPECT_LE(server.max_concurrent(), 3);
+    EXPECT_LE(server.connections(), 3);  // the pool never needed more
+    // FIFO within the endpoint: requests went out in id order
+    auto reqs = server.requests();
+    ASSERT_EQ(reqs.size(), 10u);
+    std::vector<int> order;
+    for (const auto &r : reqs) {
+        size_t p = r.find("Idempotency-Key: ");
+        order.push_back(std::atoi(r.c_str() + p + 17));
+    }
+    // three at a time may arrive in any order; waves never overtake each other
+    for (size_t i = 0; i < order.size(); i++) EXPECT_LE(std::abs(order[i] - static_cast<int>(i + 1)), 2) << i;
+}
+
+TEST(Dispatcher, MaxTransfersSharesPlacesBetweenEndpoints) {
+    LoopbackServer server;
+    od::Dispatcher d;
+    ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 5));
+    od::DispatcherSettings s;
+    s.max_transfers = 1;
+    d.set_settings(s);
+    od::EndpointConfig a;
+    a.name = "a";
+    a.url = server.url("/ok?ep=a");
+    a.max_in_flight = 100;
+    od::EndpointConfig b = a;
+    b.name = "b";
+    b.url = server.url("/ok?ep=b");
+    d.begin_endpoints();
+    ASSERT_TRUE(d.add_endpoint(a));
+    ASSERT_TRUE(d.add_endpoint(b));
+    d.end_endpoints();
+    for (int i = 1; i <= 4; i++) ASSERT_TRUE(d.add(message(i, "a", 1)));
+    for (int i = 5; i <= 8; i++) ASSERT_TRUE(d.add(message(i, "b", 1)));
+    drive(d, 8, 10000);
+    ASSERT_EQ(d.outcomes().size(), 8u);
+    auto reqs = server.requests();
+    ASSERT_EQ(reqs.size(), 8u);
+    // one place, handed to each endpoint in turn
+    for (size_t i = 1; i < reqs.size(); i++)
+        EXPECT_NE(reqs[i].substr(0, 20), reqs[i - 1].substr(0, 20)) << i;
+}
+
+TEST(Dispatcher, ZeroMaxTransfersIsUnlimited) {
+    LoopbackServer server;
+    od::Dispatcher d;
+    ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 5));
+    od::DispatcherSettings s;
+    d.set_settings(s);
+    od::EndpointConfig ep;
+    ep.name = "ok";
+    ep.url = server.url("/ok");
+    ep.max_in_flight = 8;
+    d.begin_endpoints();
+    ASSERT_TRUE(d.add_endpoint(ep));
+    d.end_endpoints();
+    for (int i = 1; i <= 10; i++) ASSERT_TRUE(d.add(message(i, "ok", 1)));
+    d.pump(1700000000);
+    EXPECT_EQ(d.in_flight(), 8u);  // only max_in_flight holds them back
+    EXPECT_EQ(d.queued(), 2u);
+    d.abandon(1700000000, "test over");
+}
+
+TEST(Dispatcher, MaxTransfersShrinksTheKeepAlivePool) {
+    // Without a cap, eight requests at once leave eight idle connections in
+    // the pool.  Lowering max_transfers to 2 lowers the pool to 2 as well:
+    // as the next transfers finish, the surplus idle connections are closed.
+    LoopbackServer server;
+    od::Dispatcher d;
+    ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 5));
+    od::DispatcherSettings s;
+    d.set_settings(s);
+    od::EndpointConfig ep;
+    ep.name = "ok";
+    ep.url = server.url("/slowish");
+    ep.max_in_flight = 100;
+    d.begin_endpoints();
+    ASSERT_TRUE(d.add_endpoint(ep));
+    d.end_endpoints();
+    for (int i = 1; i <= 8; i++) ASSERT_TRUE(d.add(message(i, "ok", 1)));
+    drive(d, 8, 10000);
+    ASSERT_EQ(d.outcomes().size(), 8u);
+    EXPECT_EQ(server.open_connections(), 8);  // all kept alive
+
+    s.max_transfers = 2;
+    d.set_settings(s);
+    ep.url = server.url("/ok");
+    d.begin_endpoints();
+    ASSERT_TRUE(d.add_endpoint(ep));
+    d.end_endpoints();
+    for (int i = 9; i <= 16; i++) ASSERT_TRUE(d.add(message(i, "ok", 1)));
+    drive(d, 16, 10000);
+    ASSERT_EQ(d.outcomes().size(), 16u);
+    for (const auto &o : d.outcomes()) EXPECT_EQ(o.verdict, od::Verdict::Done) << o.id << ": " << o.error;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (server.open_connections() > 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_LE(server.open_connections(), 2);
+    EXPECT_EQ(server.connections(), 8);  // and no new ones were needed
 }
 
 }  // namespace

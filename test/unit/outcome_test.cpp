@@ -2,6 +2,7 @@
 // backoff, Retry-After parsing and the error text written to last_error.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <ctime>
@@ -240,6 +241,118 @@ TEST(Classify, NonHttpStatusWithoutTransportErrorRetries) {
     }
     EXPECT_EQ(run(http(0), 12).verdict, Verdict::Dead);
     EXPECT_STREQ(run(http(0), 12).error, "invalid HTTP status 0 after 12 attempts");
+}
+
+// ------------------------------------------------------- local failures
+
+od::DeliveryResult local(int code, int os_errno, const char *message) {
+    od::DeliveryResult r = transport(code, message);
+    r.local_failure = true;
+    r.os_errno = os_errno;
+    return r;
+}
+
+TEST(Classify, LocalFailureIsARefundedRetry) {
+    Outcome o = run(local(CURLE_COULDNT_CONNECT, EMFILE, "Failed to connect to 127.0.0.1 port 80"), 1, "", 0);
+    EXPECT_EQ(o.verdict, Verdict::Retry);
+    EXPECT_TRUE(o.local_failure);
+    EXPECT_STREQ(o.error,
+                 "local resource failure in the dispatcher (Too many open files); attempt not counted: "
+                 "Failed to connect to 127.0.0.1 port 80");
+    // the delay does not grow with attempts: [base/2, base]
+    od::OutcomePolicy p = policy();
+    for (int attempts : {1, 5, 11, 12, 13, 1000, INT_MAX})
+        for (uint64_t r : {0ULL, 1ULL << 63, ~0ULL}) {
+            Outcome l = run(local(CURLE_COULDNT_CONNECT, EMFILE, nullptr), p, attempts, "", r);
+            EXPECT_EQ(l.verdict, Verdict::Retry) << attempts;  // never Dead, even past max_attempts
+            EXPECT_TRUE(l.local_failure);
+            EXPECT_GE(l.delay_ms, 500) << attempts;
+            EXPECT_LE(l.delay_ms, 1000) << attempts;
+        }
+    EXPECT_EQ(run(local(CURLE_COULDNT_CONNECT, EMFILE, nullptr), p, 3, "", 0).delay_ms, 500);
+    EXPECT_EQ(run(local(CURLE_COULDNT_CONNECT, EMFILE, nullptr), p, 3, "", UINT64_MAX).delay_ms, 1000);
+}
+
+TEST(Classify, LocalFailureNamesTheResource) {
+    EXPECT_STREQ(run(local(CURLE_COULDNT_CONNECT, ENFILE, "x"), 1).error,
+                 "local resource failure in the dispatcher (Too many open files in system); attempt not counted: x");
+    EXPECT_EQ(std::string(run(local(CURLE_SEND_ERROR, ENOBUFS, nullptr), 1).error),
+              std::string("local resource failure in the dispatcher (No buffer space available); attempt not counted: ") +
+                  curl_easy_strerror(CURLE_SEND_ERROR));
+    EXPECT_EQ(std::string(run(local(CURLE_RECV_ERROR, ENOMEM, "r"), 1).error),
+              "local resource failure in the dispatcher (Cannot allocate memory); attempt not counted: r");
+    EXPECT_EQ(std::string(run(local(CURLE_OUT_OF_MEMORY, 0, ""), 1).error),
+              std::string("local resource failure in the dispatcher (out of memory); attempt not counted: ") +
+                  curl_easy_strerror(CURLE_OUT_OF_MEMORY));
+}
+
+TEST(Classify, LocalFlagWithoutTransportErrorIsIgnored) {
+    // an HTTP response is the endpoint's answer, whatever the flag says
+    od::DeliveryResult r = http(200);
+    r.local_failure = true;
+    EXPECT_EQ(run(r, 1).verdict, Verdict::Done);
+    r = http(503);
+    r.local_failure = true;
+    Outcome o = run(r, 12);
+    EXPECT_EQ(o.verdict, Verdict::Dead);
+    EXPECT_FALSE(o.local_failure);
+}
+
+TEST(Classify, OtherOutcomesAreNotLocal) {
+    for (const od::DeliveryResult &r : {http(200), http(409), http(503), http(404), transport(CURLE_COULDNT_CONNECT, "x")})
+        EXPECT_FALSE(run(r, 1).local_failure);
+}
+
+TEST(Jitter, LocalFailureDelay) {
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1000, 300000}, 0), 500);
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1000, 300000}, UINT64_MAX), 1000);
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1000, 400}, UINT64_MAX), 400);  // cap below base
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1, 1}, 0), 0);
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1, 1}, UINT64_MAX), 1);
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{0, 1000}, UINT64_MAX), 0);
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1000, -1}, UINT64_MAX), 0);
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{INT64_MAX, INT64_MAX}, UINT64_MAX), INT64_MAX);
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{INT64_MAX, INT64_MAX}, 0), INT64_MAX / 2);
+}
+
+// ------------------------------------------------------- extreme settings
+
+TEST(Classify, ExtremeSettingsDoNotOverflow) {
+    // the largest values the GUCs allow: max_attempts 1000, backoff base and cap INT_MAX ms
+    od::OutcomePolicy p = policy();
+    p.max_attempts = 1000;
+    p.backoff = od::BackoffPolicy{INT_MAX, INT_MAX};
+    p.defer_delay_ms = INT_MAX;
+    p.max_retry_after_s = 86400;
+    EXPECT_EQ(od::full_jitter_ms(1000, p.backoff, UINT64_MAX), INT_MAX);
+    EXPECT_EQ(od::full_jitter_ms(1000, p.backoff, 0), 0);
+    EXPECT_EQ(od::full_jitter_ms(999, p.backoff, 1ULL << 63), INT_MAX / 2 + 1);  // floor(2^63 * 2^31 / 2^64)
+
+    Outcome o = run(http(503), p, 999, "", UINT64_MAX);
+    EXPECT_EQ(o.verdict, Verdict::Retry);
+    EXPECT_EQ(o.delay_ms, INT_MAX);
+    o = run(http(503, "99999999999999999999"), p, 999, "", 0);  // clamped to a day, not overflowed
+    EXPECT_EQ(o.verdict, Verdict::Retry);
+    EXPECT_EQ(o.delay_ms, 86400 * 1000);
+    o = run(http(503, "99999999999999999999"), p, 999, "", UINT64_MAX);
+    EXPECT_EQ(o.delay_ms, INT_MAX);  // the jitter is longer than the clamped Retry-After
+    o = run(http(503, "99999999999999999999"), p, 1000, "", UINT64_MAX);
+    EXPECT_EQ(o.verdict, Verdict::Dead);
+    EXPECT_STREQ(o.error, "HTTP 503 after 1000 attempts");
+    o = run(http(409, "99999999999999999999"), p, 1000);
+    EXPECT_EQ(o.verdict, Verdict::Defer);
+    EXPECT_EQ(o.delay_ms, 86400 * 1000);
+    o = run(http(409), p, 1000);
+    EXPECT_EQ(o.delay_ms, INT_MAX);
+    o = run(local(CURLE_COULDNT_CONNECT, EMFILE, nullptr), p, 1000, "", UINT64_MAX);
+    EXPECT_EQ(o.verdict, Verdict::Retry);
+    EXPECT_EQ(o.delay_ms, INT_MAX);
+
+    p.max_retry_after_s = INT64_MAX;  // even unclamped: saturates instead of wrapping
+    o = run(http(503, "99999999999999999999"), p, 999, "", UINT64_MAX);
+    EXPECT_EQ(o.delay_ms, INT64_MAX);
+    o = run(http(429, "99999999999999999999"), p, 1, "", 0);
+    EXPECT_EQ(o.delay_ms, INT64_MAX);
 }
 
 // ------------------------------------------------------------------- defer

@@ -36,6 +36,33 @@ TEST(RequestHeaders, ContractOrderWithoutSecret) {
     EXPECT_EQ(out, want);
 }
 
+TEST(RequestHeaders, EndpointHeadersWinOverMessageHeaders) {
+    std::vector<std::string> out;
+    ASSERT_TRUE(od::build_request_headers(head(), "/s", {"Authorization: Bearer t", "X-Tenant: acme"},
+                                          {"authorization: Bearer forged", "X-Trace: 1", "X-TENANT: other",
+                                           "X-Tenant-Id: 5", "X-Tenan: 6"},
+                                          nullptr, 0, 1795980500, "{}", 2, out));
+    ASSERT_EQ(out.size(), 14u);
+    std::vector<std::string> tail(out.begin() + 9, out.end());
+    std::vector<std::string> want = {
+        "Authorization: Bearer t",
+        "X-Tenant: acme",
+        "X-Trace: 1",       // names of their own are kept, in order
+        "X-Tenant-Id: 5",   // a longer name is another name
+        "X-Tenan: 6",       // so is a shorter one
+    };
+    EXPECT_EQ(tail, want);
+}
+
+TEST(RequestHeaders, MessageHeadersKeptWithoutEndpointHeaders) {
+    std::vector<std::string> out;
+    ASSERT_TRUE(od::build_request_headers(head(), "/s", {}, {"Authorization: Bearer m", "X-A: 1"}, nullptr, 0,
+                                          1795980500, "{}", 2, out));
+    ASSERT_EQ(out.size(), 11u);
+    EXPECT_EQ(out[9], "Authorization: Bearer m");
+    EXPECT_EQ(out[10], "X-A: 1");
+}
+
 TEST(RequestHeaders, SignedOverTheExactBody) {
     unsigned char key[64];
     const std::string secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

@@ -115,7 +115,6 @@ TEST(HeaderName, Reserved) {
 }
 
 TEST(HeaderValue, ControlCharacters) {
-    EXPECT_EQ(hvalue(""), nullptr);
     EXPECT_EQ(hvalue("Bearer abc.def"), nullptr);
     EXPECT_EQ(hvalue("tab\tok"), nullptr);
     EXPECT_EQ(hvalue("caf\xc3\xa9"), nullptr);
@@ -126,6 +125,114 @@ TEST(HeaderValue, ControlCharacters) {
     EXPECT_STREQ(hvalue("a\x1b"), "contains a control character");
     EXPECT_STREQ(hvalue("a\x7f"), "contains a control character");
     EXPECT_NE(hvalue(std::string(8193, 'v')), nullptr);
+}
+
+TEST(HeaderValue, IsBlank) {
+    EXPECT_TRUE(od::is_blank("", 0));
+    EXPECT_TRUE(od::is_blank(nullptr, 0));
+    EXPECT_TRUE(od::is_blank(" ", 1));
+    EXPECT_TRUE(od::is_blank("\t", 1));
+    EXPECT_TRUE(od::is_blank(" \t  \t", 5));
+    EXPECT_TRUE(od::is_blank("  x", 2));  // only len bytes count
+    EXPECT_FALSE(od::is_blank("x", 1));
+    EXPECT_FALSE(od::is_blank(" x ", 3));
+    EXPECT_FALSE(od::is_blank("\r\n", 2));  // other whitespace is not blank (and is rejected anyway)
+    EXPECT_FALSE(od::is_blank("\v", 1));
+    EXPECT_FALSE(od::is_blank(std::string(" \0", 2).data(), 2));
+    EXPECT_FALSE(od::is_blank("\xc2\xa0", 2));  // U+00A0 is a value byte sequence, not blank
+}
+
+TEST(HeaderValue, BlankValuesAreRejected) {
+    EXPECT_STREQ(hvalue(""), "must not be blank");
+    EXPECT_STREQ(od::check_header_value(nullptr, 0), "must not be blank");
+    EXPECT_STREQ(hvalue(" "), "must not be blank");
+    EXPECT_STREQ(hvalue("\t"), "must not be blank");
+    EXPECT_STREQ(hvalue(" \t \t "), "must not be blank");
+    EXPECT_STREQ(hvalue(std::string(8192, ' ')), "must not be blank");
+    EXPECT_STREQ(hvalue(std::string(8193, ' ')), "is longer than 8192 bytes");
+    // leading and trailing whitespace around a value is fine
+    EXPECT_EQ(hvalue(" a"), nullptr);
+    EXPECT_EQ(hvalue("a "), nullptr);
+    EXPECT_EQ(hvalue("\ta\t"), nullptr);
+    EXPECT_EQ(hvalue("0"), nullptr);
+    EXPECT_EQ(hvalue("-"), nullptr);
+    // control characters are still reported as such
+    EXPECT_STREQ(hvalue(" \r\n"), "contains a carriage return or line feed");
+    EXPECT_STREQ(hvalue(std::string(" \0", 2)), "contains a control character");
+}
+
+// ------------------------------------------------------------ redact_url
+
+std::string redact(const std::string &u, std::size_t outsz = 256) {
+    char buf[256];
+    std::memset(buf, 'Z', sizeof buf);
+    std::size_t n = od::redact_url(u.data(), u.size(), buf, outsz);
+    EXPECT_LT(n, outsz);
+    EXPECT_EQ(buf[n], '\0');
+    return std::string(buf, n);
+}
+
+TEST(RedactUrl, UserinfoIsReplaced) {
+    EXPECT_EQ(redact("https://user:pw@host/x"), "https://***@host/x");
+    EXPECT_EQ(redact("http://user@host"), "http://***@host");
+    EXPECT_EQ(redact("http://:pw@host:8080/"), "http://***@host:8080/");
+    EXPECT_EQ(redact("HTTPS://U:P@Example.COM?q=1"), "HTTPS://***@Example.COM?q=1");
+    EXPECT_EQ(redact("http://u:p@[::1]:80/a"), "http://***@[::1]:80/a");
+    EXPECT_EQ(redact("http://@host/"), "http://***@host/");
+    EXPECT_EQ(redact("http://user:pw@"), "http://***@");
+    // the last '@' of the authority ends the userinfo (an unescaped '@' in a password)
+    EXPECT_EQ(redact("http://u:p@ss@w@host/a"), "http://***@host/a");
+    // '@' after the authority is not userinfo
+    EXPECT_EQ(redact("http://u:p@host/a@b?c@d#e@f"), "http://***@host/a@b?c@d#e@f");
+}
+
+TEST(RedactUrl, OtherUrlsAreUnchanged) {
+    for (const char *u : {"https://example.com/hooks?x=1", "http://host/a@b", "http://host?who=a@b", "http://host#a@b",
+                          "http://[::1]:8080/", "mailto:user@example.com", "user:pw@host/x", "//user:pw@host/x",
+                          "/a://u:p@h", "://u:p@h", "", "http://", "http:/u:p@h/"})
+        EXPECT_EQ(redact(u), u) << u;
+    // control characters are copied as they are (the caller quotes them)
+    EXPECT_EQ(redact("http://h/\r\nX: 1"), "http://h/\r\nX: 1");
+}
+
+TEST(RedactUrl, MalformedSchemesAreRedactedToo) {
+    // rejected URLs are the ones worth echoing in errors
+    EXPECT_EQ(redact(" http://u:pw@host/"), " http://***@host/");
+    EXPECT_EQ(redact("htp://u:pw@host/"), "htp://***@host/");
+    EXPECT_EQ(redact("ftp://u:pw@host/"), "ftp://***@host/");
+}
+
+TEST(RedactUrl, LengthIsHonoured) {
+    const std::string u = "https://user:pw@host/xyz";
+    char buf[64];
+    // only the first len bytes are the URL, no NUL needed
+    EXPECT_EQ(od::redact_url(u.data(), 19, buf, sizeof buf), 15u);  // "https://user:pw@hos"
+    EXPECT_STREQ(buf, "https://***@hos");
+    EXPECT_EQ(od::redact_url(u.data(), 14, buf, sizeof buf), 14u);  // "https://user:p": no '@' yet
+    EXPECT_STREQ(buf, "https://user:p");
+    EXPECT_EQ(od::redact_url(nullptr, 5, buf, sizeof buf), 0u);
+    EXPECT_STREQ(buf, "");
+}
+
+TEST(RedactUrl, TruncationNeverShowsTheUserinfo) {
+    const std::string u = "https://user:secret@host/x";
+    EXPECT_EQ(redact(u, 19), "https://***@host/x");  // exactly fits
+    EXPECT_EQ(redact(u, 18), "https://***@host/");
+    EXPECT_EQ(redact(u, 12), "https://***");
+    EXPECT_EQ(redact(u, 10), "https://*");
+    EXPECT_EQ(redact(u, 9), "https://");
+    EXPECT_EQ(redact(u, 2), "h");
+    EXPECT_EQ(redact(u, 1), "");
+    for (std::size_t n = 1; n <= 40; n++) {
+        std::string r = redact(u, n);
+        EXPECT_EQ(r.find("user"), std::string::npos) << n;
+        EXPECT_EQ(r.find("secret"), std::string::npos) << n;
+    }
+    // outsz 0: nothing written at all
+    char buf[4] = {'x', 'y', 'z', '\0'};
+    EXPECT_EQ(od::redact_url(u.data(), u.size(), buf, 0), 0u);
+    EXPECT_STREQ(buf, "xyz");
+    EXPECT_EQ(od::redact_url(u.data(), u.size(), nullptr, 10), 0u);
 }
 
 TEST(Base64, RoundTrip) {

@@ -1,0 +1,73 @@
+/*
+ * guard.cpp — a fixed search_path around every statement the extension runs,
+ * and saturating time arithmetic.
+ *
+ * Why: SQL text is resolved against the session's search_path.  Where a call
+ * needs an implicit coercion (numeric * integer, format(text, integer, ...)),
+ * a better-matching function or operator in any schema on the path wins over
+ * pg_catalog's — and since PostgreSQL 15 the public schema belongs to the
+ * database owner, typically the application role that produces messages.
+ * Pinning search_path to "pg_catalog, pg_temp" leaves nothing but the
+ * catalog for unqualified names (pg_temp is searched for relations only,
+ * never for functions or operators, unless named explicitly).
+ *
+ * The pin is a GUC nest level, exactly what a function's SET clause does:
+ * od_unpin_search_path() restores the caller's value, and an ERROR in
+ * between restores it as part of (sub)transaction abort.
+ */
+#include "outbox_dispatcher.h"
+
+extern "C" {
+#include "utils/guc.h"
+}
+
+int
+od_pin_search_path(void)
+{
+    int level = NewGUCNestLevel();
+
+    (void) set_config_option("search_path", OD_SAFE_SEARCH_PATH, PGC_USERSET, PGC_S_SESSION,
+                             GUC_ACTION_SAVE, true, 0, false);
+    return level;
+}
+
+void
+od_unpin_search_path(int nestlevel)
+{
+    AtEOXact_GUC(true, nestlevel);
+}
+
+int
+od_spi_connect(void)
+{
+    int level = od_pin_search_path();
+
+    SPI_connect();
+    return level;
+}
+
+void
+od_spi_finish(int nestlevel)
+{
+    SPI_finish();
+    od_unpin_search_path(nestlevel);
+}
+
+/*
+ * Interval -> microseconds, months counted as 30 days (like interval_cmp).
+ * Saturates instead of overflowing: interval '178000000 years' or the
+ * infinite intervals of PostgreSQL 17 become INT64_MAX / INT64_MIN, which
+ * every caller's range check then rejects.
+ */
+int64
+od_interval_us(const Interval *iv)
+{
+    __int128 us = (__int128) iv->time + (__int128) iv->day * USECS_PER_DAY +
+        (__int128) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
+
+    if (us > (__int128) PG_INT64_MAX)
+        return PG_INT64_MAX;
+    if (us < (__int128) PG_INT64_MIN)
+        return PG_INT64_MIN;
+    return (int64) us;
+}
