@@ -414,7 +414,12 @@ void HttpEngine::collect() noexcept {
             r.status = 0; /* a partial response is a transport failure */
             long err = t->socket_errno != 0 ? t->socket_errno : os_errno;
             r.os_errno = static_cast<int>(err);
-            r.local_failure = code == CURLE_OUT_OF_MEMORY || errno_is_local(err);
+            /*
+             * Only an errno says "this process": CURLE_OUT_OF_MEMORY is also
+             * what libcurl reports for a response header over its 100 KB
+             * limit — the endpoint's doing, charged like any transport error.
+             */
+            r.local_failure = errno_is_local(err);
         }
         curl_multi_remove_handle(multi_, e);
         running_.erase(it);

@@ -1,8 +1,9 @@
 # Copyright: outbox_dispatcher contributors
 #
 # 045_upgrade.pl — ALTER EXTENSION outbox_dispatcher UPDATE from 0.1.0 to
-# 0.2.0 under running workers (sql/outbox_dispatcher--0.1.0--0.2.0.sql,
-# docs/endpoints.md "Upgrading from 0.1.0").
+# 0.2.0, then to 0.2.1, under running workers
+# (sql/outbox_dispatcher--0.1.0--0.2.0.sql, sql/outbox_dispatcher--0.2.0--0.2.1.sql,
+# docs/endpoints.md "Upgrading").
 #
 # Proves, with 2 workers running the new library throughout:
 #   - on schema 0.1.0 (CREATE EXTENSION ... VERSION '0.1.0'): extversion
@@ -24,7 +25,10 @@
 #     given breaker_threshold 2 after the update opens its breaker after
 #     exactly 2 failures (0.1.0 defaults: 5);
 #   - the outcome: every message done but the 503 ones, no lost lease, no
-#     error in the server log.
+#     error in the server log;
+#   - ALTER EXTENSION ... UPDATE to 0.2.1: endpoints get distinct ids,
+#     enqueue() is SECURITY INVOKER with a pinned search_path, the workers
+#     keep delivering and endpoint_health finds their state by id.
 #
 # Run: see 010_delivery.pl.
 use strict;
@@ -105,7 +109,7 @@ is( $node->safe_psql('postgres',
 	'5', 'the 5 messages of the disabled endpoint are pending');
 
 # ------------------------------------------------------------------ ALTER EXTENSION UPDATE
-$node->safe_psql('postgres', 'ALTER EXTENSION outbox_dispatcher UPDATE');
+$node->safe_psql('postgres', q{ALTER EXTENSION outbox_dispatcher UPDATE TO '0.2.0'});
 is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
 	'0.2.0', 'updated to 0.2.0');
 is( $node->safe_psql(
@@ -185,6 +189,33 @@ is($node->safe_psql('postgres', 'SELECT lost_leases FROM outbox.health'), '0', '
 	my $log = slurp_file($node->logfile, $log_offset);
 	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, $log;
 	is(scalar @errors, 0, 'no ERROR in the server log') or diag(join("\n", @errors));
+}
+
+# ------------------------------------------------------------------ 0.2.0 -> 0.2.1 (security release)
+$node->safe_psql('postgres', 'ALTER EXTENSION outbox_dispatcher UPDATE');
+is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
+	'0.2.1', 'updated to 0.2.1');
+is( $node->safe_psql(
+		'postgres', q{SELECT count(*) = count(DISTINCT id) AND bool_and(id IS NOT NULL) FROM outbox.endpoints}),
+	't', 'existing endpoints got distinct ids');
+is( $node->safe_psql(
+		'postgres', q{
+SELECT p.prosecdef, p.proconfig::text FROM pg_proc AS p
+ WHERE p.oid = 'outbox.enqueue(text,text,text,jsonb,text,boolean,timestamptz,jsonb)'::regprocedure}),
+	'f|{"search_path=pg_catalog, pg_temp"}', 'enqueue() runs with the caller\'s rights and a pinned search_path');
+$node->safe_psql('postgres',
+	q{SELECT count(outbox.enqueue('order', g::text, 'order.created', jsonb_build_object('n', g), 'live'))
+	    FROM generate_series(11, 15) AS g});
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'live' AND status = 'done'}, '15', 15),
+	'the workers deliver on 0.2.1 without a restart');
+ok( poll_until(
+		$node, q{SELECT delivered > 0 FROM outbox.endpoint_health WHERE endpoint = 'live'}, 't', 15),
+	'endpoint_health finds the shared state by endpoint id');
+is($node->safe_psql('postgres', 'SELECT lost_leases FROM outbox.health'), '0', 'still no lost lease');
+{
+	my $log = slurp_file($node->logfile, $log_offset);
+	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, $log;
+	is(scalar @errors, 0, 'no ERROR in the server log after the second update') or diag(join("\n", @errors));
 }
 
 $sink->stop;

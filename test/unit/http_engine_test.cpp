@@ -127,7 +127,14 @@ private:
                 ~Leave() { --a; }
             } leave{active_};
             std::string resp;
-            if (path == "/cut-headers") {
+            if (path == "/huge-header") {
+                // a 150 KB response header: libcurl gives up with CURLE_OUT_OF_MEMORY
+                const std::string h = "HTTP/1.1 200 OK\r\nX-Big: " + std::string(150 * 1024, 'a') +
+                                      "\r\nContent-Length: 2\r\n\r\n{}";
+                ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
+                ::close(fd);
+                return;
+            } else if (path == "/cut-headers") {
                 // a status line and one header, then the connection closes
                 const std::string h = "HTTP/1.1 200 OK\r\nX-A: b\r\n";
                 ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
@@ -516,6 +523,17 @@ TEST_F(HttpEngineTest, ResponseCutInsideHeadersIsATransportError) {
     EXPECT_EQ(o.verdict, od::Verdict::Retry);
     EXPECT_FALSE(o.local_failure);
     EXPECT_STREQ(o.error, "transport error (curl 18): response ended inside its header section");
+}
+
+TEST_F(HttpEngineTest, HugeResponseHeaderIsTheEndpointsFailureNotALocalOne) {
+    // libcurl reports "Out of memory" for it, but this process is fine: the
+    // attempt is charged (else such an endpoint would be retried forever)
+    ASSERT_TRUE(engine.submit(1, server.url("/huge-header").c_str(), "{}", 2, {}, 5000));
+    auto done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_NE(done[0].curl_code, 0);
+    EXPECT_EQ(done[0].status, 0);
+    EXPECT_FALSE(done[0].local_failure);
 }
 
 TEST_F(HttpEngineTest, AnEndedInterimBlockDoesNotCompleteTheHeaders) {
