@@ -18,14 +18,23 @@
 #include "outbox_dispatcher.h"
 
 extern "C" {
+#include "catalog/namespace.h"
 #include "utils/guc.h"
 }
 
 int
 od_pin_search_path(void)
 {
-    int level = NewGUCNestLevel();
+    int level;
 
+    /*
+     * Already pinned (the function's own SET clause, or a worker session):
+     * nothing to do.  Setting it again would cost a GUC nest level and a
+     * recomputation of the namespace search path on every call.
+     */
+    if (namespace_search_path != nullptr && strcmp(namespace_search_path, OD_SAFE_SEARCH_PATH) == 0)
+        return -1;
+    level = NewGUCNestLevel();
     (void) set_config_option("search_path", OD_SAFE_SEARCH_PATH, PGC_USERSET, PGC_S_SESSION,
                              GUC_ACTION_SAVE, true, 0, false);
     return level;
@@ -34,7 +43,8 @@ od_pin_search_path(void)
 void
 od_unpin_search_path(int nestlevel)
 {
-    AtEOXact_GUC(true, nestlevel);
+    if (nestlevel >= 0)
+        AtEOXact_GUC(true, nestlevel);
 }
 
 int

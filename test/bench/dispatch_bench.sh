@@ -63,6 +63,10 @@ http {
     keepalive_requests 1000000;
     keepalive_timeout 75s;
     client_body_temp_path $WORK/nginx/body;
+    proxy_temp_path $WORK/nginx/proxy;
+    fastcgi_temp_path $WORK/nginx/fastcgi;
+    uwsgi_temp_path $WORK/nginx/uwsgi;
+    scgi_temp_path $WORK/nginx/scgi;
     server { listen 127.0.0.1:$NGINX_PORT; location / { return 200 "ok"; } }
 }
 EOF
