@@ -70,15 +70,16 @@ clean-unit-asan:
 print-regress:
 	@echo $(REGRESS)
 
-# Every test layer (unit, regress, isolation, TAP); see test/run_all.sh.
+# Every test layer (unit, regress, isolation, TAP) on every supported
+# PostgreSQL major (PG_MAJOR=15|17|18 for one); see test/test_all_versions.sh.
 test-all:
-	./test/run_all.sh
+	./test/test_all_versions.sh
 
 .PHONY: print-regress test-all
 
 # PGXS does not track header dependencies: rebuild every object when a
 # shared header changes (the shared-memory layout lives in one of them).
-$(OBJS): src/outbox_dispatcher.h $(wildcard src/core/*.hpp)
+$(OBJS): src/outbox_dispatcher.h src/pg_compat.h $(wildcard src/core/*.hpp)
 
 # The main job: a throwaway cluster, a local endpoint, messages flowing,
 # a live summary.  See test/demo.sh.

@@ -42,10 +42,11 @@ SELECT table_name, ordinal_position AS pos, column_name, data_type,
  ORDER BY table_name, ordinal_position;
 
 -- Constraints: primary keys, the foreign key to endpoints, the status and
--- lease checks.
+-- lease checks.  NOT NULL is checked with the columns above (is_nullable);
+-- PostgreSQL 18 also records it in pg_constraint (contype 'n').
 SELECT conrelid::regclass AS "table", conname, contype, pg_get_constraintdef(oid) AS definition
   FROM pg_constraint
- WHERE connamespace = 'outbox'::regnamespace
+ WHERE connamespace = 'outbox'::regnamespace AND contype <> 'n'
  ORDER BY 1, 2;
 
 -- Indexes: the partial indexes that keep claim cost proportional to the

@@ -235,5 +235,10 @@ _PG_init(void)
     prev_shmem_startup_hook = shmem_startup_hook;
     shmem_startup_hook = od_shmem_startup;
 
-    od_register_workers();
+    /*
+     * pg_upgrade starts the servers in binary-upgrade mode with the same
+     * shared_preload_libraries: no worker may touch the database then.
+     */
+    if (!IsBinaryUpgrade)
+        od_register_workers();
 }

@@ -37,6 +37,7 @@
  * pending at once (attempt refunded), exit.
  */
 #include "outbox_dispatcher.h"
+#include "pg_compat.h"
 #include "core/dispatcher.hpp"
 #include "core/signing.hpp"
 #include "core/validate.hpp"
@@ -59,6 +60,7 @@ extern "C" {
 #include "storage/ipc.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -85,6 +87,7 @@ static bool           ext_missing_logged = false;
 static TimestampTz    oldest_outcome_at = 0;
 static int            schema_version = 0;       /* 100 = 0.1.0, 200 = 0.2.0, 201 = 0.2.1 */
 static char           *ext_idle_reason = nullptr; /* why the installed extension is not served */
+static char           *ext_idle_hint = nullptr;
 
 /*
  * The endpoints this worker serves (enabled ones, refreshed every
@@ -133,6 +136,7 @@ static int              n_pending = 0;
 static int              claim_rotation = 0;
 static TimestampTz      next_quota_at = 0;      /* a refused reservation may succeed then */
 static size_t           outcomes_seen = 0;
+static bool             stats_pending = false;      /* committed since the last forced stats flush */
 static size_t           transfer_budget = 0;        /* transfers at once (file descriptors); 0 = no cap */
 static bool             places_released = false;  /* a request finished: a quota may have room again */
 static bool             claim_quota_full = false; /* the last claim took every place its quotas allowed */
@@ -278,6 +282,15 @@ end_tx(void)
     SPI_finish();
     PopActiveSnapshot();
     CommitTransactionCommand();
+    /*
+     * Table statistics (n_tup_upd, n_dead_tup, ...) reach the shared stats
+     * only when a backend reports them: without this, autovacuum and every
+     * monitoring tool would not see the workers' updates and deletes until
+     * a worker exits.  Not forced: flushed at most once a second here, and
+     * for sure when the worker goes idle (see the main loop).
+     */
+    pgstat_report_stat(false);
+    stats_pending = true;
     pgstat_report_activity(STATE_IDLE, NULL);
     MemoryContextSwitchTo(cycle_ctx);
 }
@@ -483,25 +496,47 @@ check_extension(void)
 {
     int   rc;
     char *version = nullptr;
+    Oid   admin;
+    MemoryContext old;
 
     rc = SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'", true, 1);
     if (rc != SPI_OK_SELECT)
         elog(ERROR, "outbox_dispatcher: reading pg_extension failed: %s", SPI_result_code_string(rc));
     ext_ready = false;
     ext_idle_reason = nullptr;
+    ext_idle_hint = nullptr;
     if (SPI_processed == 0)
         return;
-    version = MemoryContextStrdup(cycle_ctx, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1));
+    /* the reasons outlive the transaction: they are logged after it */
+    old = MemoryContextSwitchTo(cycle_ctx);
+    version = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
     schema_version = parse_version(version);
+    admin = get_role_oid("outbox_admin", true);
     if (GetDatabaseEncoding() != PG_UTF8)
+    {
         ext_idle_reason = psprintf("database \"%s\" has encoding %s; outbox_dispatcher needs UTF8 "
                                    "(JSON bodies and signed headers go out as UTF-8)",
                                    od_database, GetDatabaseEncodingName());
+        ext_idle_hint = pstrdup("Install the extension in a UTF8 database.");
+    }
     else if (schema_version == 0)
+    {
         ext_idle_reason = psprintf("extension version \"%s\" is not served by this library (%s)",
                                    version, OD_LIBRARY_VERSION);
+        ext_idle_hint = pstrdup("Install the library that matches the extension version, or run ALTER EXTENSION outbox_dispatcher UPDATE.");
+    }
+    else if (!superuser() && (!OidIsValid(admin) || !has_privs_of_role(GetUserId(), admin)))
+    {
+        /* say it once, instead of a permission error every second */
+        const char *me = GetUserNameFromId(GetUserId(), false);
+
+        ext_idle_reason = psprintf("role \"%s\" (outbox_dispatcher.role) does not have the privileges of outbox_admin", me);
+        ext_idle_hint = psprintf("Run GRANT outbox_admin TO %s; the workers start delivering within poll_interval.",
+                                 quote_identifier(me));
+    }
     else
         ext_ready = true;
+    MemoryContextSwitchTo(old);
 }
 
 static void
@@ -580,9 +615,9 @@ refresh_endpoints(void)
         if (!ext_missing_logged)
         {
             if (installed)
-                ereport(LOG,
+                ereport(WARNING,
                         (errmsg("outbox_dispatcher: not delivering: %s", ext_idle_reason),
-                         errhint("Install the extension in a UTF8 database, or run ALTER EXTENSION outbox_dispatcher UPDATE.")));
+                         errhint("%s", ext_idle_hint)));
             else
                 ereport(LOG,
                         (errmsg("outbox_dispatcher: extension is not installed in database \"%s\"; waiting", od_database),
@@ -1091,7 +1126,7 @@ rebuild_wait_set(void)
      * ERROR while building leaves wait_set pointing at a valid set (the
      * half-built one is released with its memory at the next rebuild).
      */
-    set = CreateWaitEventSet(TopMemoryContext, (int) socks.size() + 2);
+    set = od_create_wait_event_set((int) socks.size() + 2);
     AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
     AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
     for (const od::HttpSocket &s : socks)
@@ -1180,6 +1215,8 @@ od_worker_main(Datum arg)
     bool        last_claim_full = false;
 
     worker_index = DatumGetInt32(arg);
+    if (IsBinaryUpgrade)
+        proc_exit(0);           /* never registered then; step aside all the same */
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
     pqsignal(SIGTERM, od_sigterm);
     BackgroundWorkerUnblockSignals();
@@ -1369,7 +1406,14 @@ od_worker_main(Datum arg)
 
         /* idle: nothing queued, in flight or to finalize — wakes may pick us alone */
         if (timeout != 0 && disp->outstanding() == 0 && disp->outcomes().empty())
+        {
+            if (stats_pending)
+            {
+                pgstat_report_stat(true);   /* going idle: what we changed is visible now */
+                stats_pending = false;
+            }
             pg_atomic_write_u32(&slot->idle, 1);
+        }
         if (wait_for_events(timeout))
             woken = true;
         pg_atomic_write_u32(&slot->idle, 0);

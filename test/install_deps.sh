@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages needed to build, test, benchmark and demo
+# Installs the Debian packages needed to build, test, benchmark and demo
 # outbox_dispatcher.  Idempotent: does nothing when everything is present.
+#
+# PG_MAJOR selects the PostgreSQL major (default: the one of this Debian
+# release: 15 on bookworm, 17 on trixie, 18 on unstable).  OD_APT_OPTS adds
+# options to apt-get (test/pgversions.sh passes
+# -o Acquire::Check-Valid-Until=false for unstable).
 set -euo pipefail
 
-PKGS=(g++ make pkg-config
-      postgresql-15 postgresql-server-dev-15 postgresql-client-15
+if [ -z "${PG_MAJOR:-}" ]; then
+    codename=$(. /etc/os-release 2>/dev/null; echo "${VERSION_CODENAME:-}")
+    case "$codename" in
+        trixie) PG_MAJOR=17 ;;
+        sid|forky) PG_MAJOR=18 ;;
+        *) PG_MAJOR=15 ;;
+    esac
+fi
+read -r -a APT_OPTS <<< "${OD_APT_OPTS:-}"
+
+PKGS=(g++ make pkg-config git ca-certificates procps
+      postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-client-$PG_MAJOR
       libcurl4-openssl-dev libssl-dev libgtest-dev googletest
       libipc-run-perl perl
-      nginx-light python3 curl bc)
+      python3 curl bc)
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 missing=()
 for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    installed "$p" || missing+=("$p")
 done
+# the benchmark's and demo's HTTP endpoint: nginx-light where the release still has it
+installed nginx-light || installed nginx || missing+=(nginx-light)
+
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "missing packages: ${missing[*]} (run as root to install them)" >&2
@@ -20,6 +40,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
     echo "installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get "${APT_OPTS[@]}" update -qq
+    if [[ " ${missing[*]} " == *" nginx-light "* ]] && ! apt-cache show nginx-light >/dev/null 2>&1; then
+        missing=("${missing[@]/nginx-light/nginx}")
+    fi
+    apt-get "${APT_OPTS[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

@@ -12,31 +12,48 @@
 # extension to be installed already and only runs the tests.
 #
 # Environment: OD_TEST_PORT (default 54329) for the throwaway cluster used by
-# pg_regress and isolation; OD_TEST_LAYERS (default "unit regress isolation tap").
+# pg_regress and isolation; OD_TEST_LAYERS (default "unit regress isolation tap");
+# PG_MAJOR (default: the Debian release's; the matching server and
+# pg_config are used; other majors run in a root file system, see
+# test/pgversions.sh).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PGBIN=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
+
+# the pg_config of the requested major, else the one on PATH
+pick_pg_config() {
+    if [ -n "${PG_MAJOR:-}" ] && [ -x "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
+        echo "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config"
+    else
+        command -v pg_config || echo /usr/lib/postgresql/15/bin/pg_config
+    fi
+}
 
 if [ "$(id -u)" = 0 ] && [ -z "${OD_TEST_AS_POSTGRES:-}" ]; then
-    "$ROOT/test/install_deps.sh" || exit 1
-    PGBIN=$(pg_config --bindir)
-    make -C "$ROOT" -s -j2 >/dev/null && make -C "$ROOT" -s install >/dev/null || { echo "build failed"; exit 1; }
-    make -C "$ROOT" -s test/unit/unit_tests >/dev/null || { echo "unit test build failed"; exit 1; }
+    "$ROOT/test/install_deps.sh" || { echo "installing the dependencies failed"; echo "0 passed, 1 failed"; exit 1; }
+    PG_CONFIG=$(pick_pg_config)
+    PGBIN=$("$PG_CONFIG" --bindir)
+    make -C "$ROOT" -s -j2 PG_CONFIG="$PG_CONFIG" >/dev/null && make -C "$ROOT" -s install PG_CONFIG="$PG_CONFIG" >/dev/null ||
+        { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+    make -C "$ROOT" -s test/unit/unit_tests PG_CONFIG="$PG_CONFIG" >/dev/null ||
+        { echo "unit test build failed"; echo "0 passed, 1 failed"; exit 1; }
     WORK=$(mktemp -d /tmp/outbox_tests.XXXXXX)
     tar -C "$ROOT" --exclude=.git -cf - . | tar -C "$WORK" -xf -
     chown -R postgres:postgres "$WORK"
-    su postgres -s /bin/bash -c "OD_TEST_AS_POSTGRES=1 OD_TEST_PORT='${OD_TEST_PORT:-}' OD_TEST_LAYERS='${OD_TEST_LAYERS:-}' PATH='$PGBIN:$PATH' bash '$WORK/test/run_all.sh'"
+    su postgres -s /bin/bash -c "OD_TEST_AS_POSTGRES=1 OD_TEST_PORT='${OD_TEST_PORT:-}' OD_TEST_LAYERS='${OD_TEST_LAYERS:-}' PG_CONFIG='$PG_CONFIG' PATH='$PGBIN:$PATH' bash '$WORK/test/run_all.sh'"
     rc=$?
     [ $rc = 0 ] && rm -rf "$WORK" || echo "test artifacts kept in $WORK"
     exit $rc
 fi
 
 cd "$ROOT"
+PG_CONFIG=${PG_CONFIG:-$(pick_pg_config)}
+PGBIN=$("$PG_CONFIG" --bindir)
 export PATH="$PGBIN:$PATH"
 PORT=${OD_TEST_PORT:-54329}
 LAYERS=${OD_TEST_LAYERS:-unit regress isolation tap}
-PGXS_DIR=$(cd "$(dirname "$(pg_config --pgxs)")/../.." && pwd)
+PGXS_DIR=$(cd "$(dirname "$("$PG_CONFIG" --pgxs)")/../.." && pwd)
+echo "== PostgreSQL $("$PG_CONFIG" --version | sed 's/^PostgreSQL //') ($PG_CONFIG)"
 PG_REGRESS_BIN="$PGXS_DIR/src/test/regress/pg_regress"
 PG_ISOLATION_BIN="$PGXS_DIR/src/test/isolation/pg_isolation_regress"
 PERL_LIB="$PGXS_DIR/src/test/perl"
@@ -55,7 +72,7 @@ has_layer() { [[ " $LAYERS " == *" $1 "* ]]; }
 # ------------------------------------------------------------------ unit
 if has_layer unit; then
     echo "== unit (GoogleTest)"
-    [ -x test/unit/unit_tests ] || make -s test/unit/unit_tests >/dev/null
+    [ -x test/unit/unit_tests ] || make -s test/unit/unit_tests PG_CONFIG="$PG_CONFIG" >/dev/null
     ./test/unit/unit_tests --gtest_color=no > unit.log 2>&1
     rc=$?
     p=$(grep -c '^\[       OK \]' unit.log)
@@ -94,8 +111,9 @@ run_pg_regress() {  # layer bin outdir inputdir tests...
         "$@" > "$out/run.log" 2>&1
     rc=$?
     cat "$out/run.log"
-    p=$(grep -cE '\.\.\. ok( |$)' "$out/run.log")
-    f=$(grep -cE '\.\.\. FAILED' "$out/run.log")
+    # PostgreSQL 15: "test name ... ok"; 16 and later: TAP-style "ok 1 - name" / "not ok 2 - name"
+    p=$(grep -cE '\.\.\. ok( |$)|^ok [0-9]+ ' "$out/run.log")
+    f=$(grep -cE '\.\.\. FAILED|^not ok [0-9]+ ' "$out/run.log")
     [ $rc != 0 ] && [ "$f" = 0 ] && f=1   # pg_regress itself failed (e.g. aborted)
     [ "$f" != 0 ] && [ -f "$out/regression.diffs" ] && cat "$out/regression.diffs"
     count "$layer" "$p" "$f"
@@ -103,7 +121,7 @@ run_pg_regress() {  # layer bin outdir inputdir tests...
 
 if has_layer regress; then
     echo "== regress (pg_regress)"
-    tests=$(make -s print-regress)
+    tests=$(make -s print-regress PG_CONFIG="$PG_CONFIG")
     run_pg_regress regress "$PG_REGRESS_BIN" "$ROOT/results" "$ROOT" --dbname=contrib_regression $tests
 fi
 

@@ -1,0 +1,30 @@
+/*
+ * pg_compat.h — every difference between the PostgreSQL majors this
+ * extension supports (15, 17, 18), in one place.  No other file tests
+ * PG_VERSION_NUM.
+ */
+#ifndef OUTBOX_PG_COMPAT_H
+#define OUTBOX_PG_COMPAT_H
+
+extern "C" {
+#include "postgres.h"
+#include "storage/latch.h"
+#include "utils/memutils.h"
+}
+
+/*
+ * A WaitEventSet owned by nobody but the caller, who frees it with
+ * FreeWaitEventSet.  PostgreSQL 17 made the first argument a ResourceOwner
+ * (NULL: not tracked); before, it was the memory context to allocate in.
+ */
+static inline WaitEventSet *
+od_create_wait_event_set(int nevents)
+{
+#if PG_VERSION_NUM >= 170000
+    return CreateWaitEventSet(NULL, nevents);
+#else
+    return CreateWaitEventSet(TopMemoryContext, nevents);
+#endif
+}
+
+#endif /* OUTBOX_PG_COMPAT_H */
