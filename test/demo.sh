@@ -22,8 +22,12 @@ if [ "$(id -u)" = 0 ]; then
     "$ROOT/test/install_deps.sh"
     make -C "$ROOT" -s >/dev/null && make -C "$ROOT" -s install >/dev/null
     WORK=$(mktemp -d /tmp/od_demo.XXXXXX)
-    chown postgres "$WORK"
-    exec su postgres -s /bin/bash -c "OD_DEMO_WORK=$WORK DEMO_N=$N DEMO_PORT=$PORT bash '$ROOT/test/demo.sh'"
+    # the postgres user may not be able to read the clone (e.g. under /root,
+    # mode 0700): it runs a copy of the scripts in the work directory
+    mkdir -p "$WORK/src"
+    tar -C "$ROOT" --exclude=.git -cf - test | tar -C "$WORK/src" -xf -
+    chown -R postgres "$WORK"
+    exec su postgres -s /bin/bash -c "OD_DEMO_WORK=$WORK DEMO_N=$N DEMO_PORT=$PORT bash '$WORK/src/test/demo.sh'"
 fi
 
 WORK=${OD_DEMO_WORK:-$(mktemp -d /tmp/od_demo.XXXXXX)}

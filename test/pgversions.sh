@@ -97,6 +97,12 @@ mkdir -p "$FS/tmp/outbox_src"
 tar -C "$ROOT" --exclude=.git --exclude='*.o' --exclude='*.so' --exclude=test/unit/unit_tests \
     --exclude=results --exclude=tmp_check --exclude=output_iso -cf - . | tar -C "$FS/tmp/outbox_src" -xf -
 
+# a dump taken by the PostgreSQL 15 run of the same test_all_versions.sh, if any
+if [ -n "${OD_CROSS_DUMP_DIR:-}" ] && [ -f "$OD_CROSS_DUMP_DIR/pg15.dump" ]; then
+    mkdir -p "$FS/tmp/outbox_src/test/cross_dump"
+    cp "$OD_CROSS_DUMP_DIR/pg15.dump" "$OD_CROSS_DUMP_DIR/pg15.dump.expected" "$FS/tmp/outbox_src/test/cross_dump/"
+fi
+
 echo "== PostgreSQL $MAJOR on Debian $SUITE (chroot $FS)"
 chroot "$FS" /usr/bin/env -i \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

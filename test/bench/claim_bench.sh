@@ -78,7 +78,12 @@ SELF=$(readlink -f "${BASH_SOURCE[0]}")
 ROOT=$(cd "$(dirname "$SELF")/../.." && pwd)
 
 if [ "$(id -u)" = 0 ]; then
-    # initdb refuses root: re-run as postgres, passing the settings through.
+    # initdb refuses root: re-run as postgres, passing the settings through,
+    # from a copy the postgres user can read (the clone may be under /root).
+    COPY=$(mktemp -d /tmp/od_claim_bench_src.XXXXXX)
+    tar -C "$ROOT" --exclude=.git -cf - test | tar -C "$COPY" -xf -
+    chown -R postgres "$COPY"
+    SELF="$COPY/test/bench/claim_bench.sh"
     exec su postgres -s /bin/bash -c "cd /tmp && env \
         BENCH_PORT='${BENCH_PORT:-}' BENCH_PGBIN='${BENCH_PGBIN:-}' BENCH_ROUNDS='${BENCH_ROUNDS:-}' \
         BENCH_CHUNK='${BENCH_CHUNK:-}' BENCH_DRAIN_B='${BENCH_DRAIN_B:-}' \

@@ -35,8 +35,11 @@ if [ "$(id -u)" = 0 ]; then
     "$ROOT/test/install_deps.sh" >/dev/null
     make -C "$ROOT" -s >/dev/null && make -C "$ROOT" -s install >/dev/null
     WORK=$(mktemp -d /tmp/od_bench.XXXXXX)
-    chown postgres "$WORK"
-    exec su postgres -s /bin/bash -c "OD_BENCH_WORK=$WORK WORKERS=$WORKERS N=$N M=$M PORT=$PORT NGINX_PORT=$NGINX_PORT BATCH='$BATCH' bash '$ROOT/test/bench/dispatch_bench.sh'"
+    # a copy of the scripts the postgres user can read (the clone may be under /root)
+    mkdir -p "$WORK/src"
+    tar -C "$ROOT" --exclude=.git -cf - test | tar -C "$WORK/src" -xf -
+    chown -R postgres "$WORK"
+    exec su postgres -s /bin/bash -c "OD_BENCH_WORK=$WORK WORKERS=$WORKERS N=$N M=$M PORT=$PORT NGINX_PORT=$NGINX_PORT BATCH='$BATCH' bash '$WORK/src/test/bench/dispatch_bench.sh'"
 fi
 
 WORK=${OD_BENCH_WORK:-$(mktemp -d /tmp/od_bench.XXXXXX)}

@@ -59,10 +59,13 @@ if [ "$(id -u)" = 0 ]; then
     "$ROOT/test/install_deps.sh" >/dev/null
     make -C "$ROOT" -s >/dev/null && make -C "$ROOT" -s install >/dev/null
     WORK=$(mktemp -d /tmp/od_soak.XXXXXX)
-    chown postgres "$WORK"
+    # a copy of the scripts the postgres user can read (the clone may be under /root)
+    mkdir -p "$WORK/src"
+    tar -C "$ROOT" --exclude=.git -cf - test | tar -C "$WORK/src" -xf -
+    chown -R postgres "$WORK"
     # the script stops by itself at SOAK_TIMEOUT; timeout(1) is the backstop
     exec timeout -k 30 $((SOAK_TIMEOUT + 60)) su postgres -s /bin/bash -c \
-        "OD_SOAK_WORK=$WORK SOAK_N=$SOAK_N SOAK_RATE=$SOAK_RATE SOAK_TIMEOUT=$SOAK_TIMEOUT SOAK_SEED=$SOAK_SEED SOAK_CRASH=$SOAK_CRASH PORT=$PORT bash '$ROOT/test/bench/soak.sh'"
+        "OD_SOAK_WORK=$WORK SOAK_N=$SOAK_N SOAK_RATE=$SOAK_RATE SOAK_TIMEOUT=$SOAK_TIMEOUT SOAK_SEED=$SOAK_SEED SOAK_CRASH=$SOAK_CRASH PORT=$PORT bash '$WORK/src/test/bench/soak.sh'"
 fi
 
 WORK=${OD_SOAK_WORK:-$(mktemp -d /tmp/od_soak.XXXXXX)}
