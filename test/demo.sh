@@ -27,7 +27,7 @@ if [ "$(id -u)" = 0 ]; then
     mkdir -p "$WORK/src"
     tar -C "$ROOT" --exclude=.git -cf - test | tar -C "$WORK/src" -xf -
     chown -R postgres "$WORK"
-    exec su postgres -s /bin/bash -c "OD_DEMO_WORK=$WORK DEMO_N=$N DEMO_PORT=$PORT bash '$WORK/src/test/demo.sh'"
+    exec su postgres -s /bin/bash -c "cd '$WORK' && OD_DEMO_WORK=$WORK DEMO_N=$N DEMO_PORT=$PORT bash '$WORK/src/test/demo.sh'"
 fi
 
 WORK=${OD_DEMO_WORK:-$(mktemp -d /tmp/od_demo.XXXXXX)}

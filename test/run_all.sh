@@ -40,7 +40,7 @@ if [ "$(id -u)" = 0 ] && [ -z "${OD_TEST_AS_POSTGRES:-}" ]; then
     WORK=$(mktemp -d /tmp/outbox_tests.XXXXXX)
     tar -C "$ROOT" --exclude=.git -cf - . | tar -C "$WORK" -xf -
     chown -R postgres:postgres "$WORK"
-    su postgres -s /bin/bash -c "OD_TEST_AS_POSTGRES=1 OD_TEST_PORT='${OD_TEST_PORT:-}' OD_TEST_LAYERS='${OD_TEST_LAYERS:-}' OD_CROSS_DUMP='${OD_CROSS_DUMP:-}' PG_CONFIG='$PG_CONFIG' PATH='$PGBIN:$PATH' bash '$WORK/test/run_all.sh'"
+    su postgres -s /bin/bash -c "cd '$WORK' && OD_TEST_AS_POSTGRES=1 OD_TEST_PORT='${OD_TEST_PORT:-}' OD_TEST_LAYERS='${OD_TEST_LAYERS:-}' OD_CROSS_DUMP='${OD_CROSS_DUMP:-}' PG_CONFIG='$PG_CONFIG' PATH='$PGBIN:$PATH' bash '$WORK/test/run_all.sh'"
     rc=$?
     [ $rc = 0 ] && rm -rf "$WORK" || echo "test artifacts kept in $WORK"
     exit $rc

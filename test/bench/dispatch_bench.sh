@@ -39,7 +39,7 @@ if [ "$(id -u)" = 0 ]; then
     mkdir -p "$WORK/src"
     tar -C "$ROOT" --exclude=.git -cf - test | tar -C "$WORK/src" -xf -
     chown -R postgres "$WORK"
-    exec su postgres -s /bin/bash -c "OD_BENCH_WORK=$WORK WORKERS=$WORKERS N=$N M=$M PORT=$PORT NGINX_PORT=$NGINX_PORT BATCH='$BATCH' bash '$WORK/src/test/bench/dispatch_bench.sh'"
+    exec su postgres -s /bin/bash -c "cd '$WORK' && OD_BENCH_WORK=$WORK WORKERS=$WORKERS N=$N M=$M PORT=$PORT NGINX_PORT=$NGINX_PORT BATCH='$BATCH' bash '$WORK/src/test/bench/dispatch_bench.sh'"
 fi
 
 WORK=${OD_BENCH_WORK:-$(mktemp -d /tmp/od_bench.XXXXXX)}

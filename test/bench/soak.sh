@@ -65,7 +65,7 @@ if [ "$(id -u)" = 0 ]; then
     chown -R postgres "$WORK"
     # the script stops by itself at SOAK_TIMEOUT; timeout(1) is the backstop
     exec timeout -k 30 $((SOAK_TIMEOUT + 60)) su postgres -s /bin/bash -c \
-        "OD_SOAK_WORK=$WORK SOAK_N=$SOAK_N SOAK_RATE=$SOAK_RATE SOAK_TIMEOUT=$SOAK_TIMEOUT SOAK_SEED=$SOAK_SEED SOAK_CRASH=$SOAK_CRASH PORT=$PORT bash '$WORK/src/test/bench/soak.sh'"
+        "cd '$WORK' && OD_SOAK_WORK=$WORK SOAK_N=$SOAK_N SOAK_RATE=$SOAK_RATE SOAK_TIMEOUT=$SOAK_TIMEOUT SOAK_SEED=$SOAK_SEED SOAK_CRASH=$SOAK_CRASH PORT=$PORT bash '$WORK/src/test/bench/soak.sh'"
 fi
 
 WORK=${OD_SOAK_WORK:-$(mktemp -d /tmp/od_soak.XXXXXX)}
