@@ -1386,6 +1386,8 @@ od_worker_main(Datum arg)
             set_state(OD_STATE_DELIVERING);
         else if (od_enabled)
             set_state(OD_STATE_IDLE);
+        else if (ext_ready)
+            set_state(OD_STATE_PAUSED);     /* not "finalizing" while it sleeps after a finalize */
         {
             bool can_claim = ext_ready && od_enabled &&
                 (od_batch_size - (int) (disp->outstanding() + disp->outcomes().size())) >= Max(1, od_batch_size / 2);

@@ -195,6 +195,14 @@ is($node->safe_psql('postgres', 'SELECT lost_leases FROM outbox.health'), '0', '
 $node->safe_psql('postgres', 'ALTER EXTENSION outbox_dispatcher UPDATE');
 is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
 	'0.2.1', 'updated to 0.2.1');
+# the workers re-read the endpoints every poll_interval (100 ms): from then on
+# their shared state is keyed by the new ids (the 0.2.0 name-hash slots are left behind)
+ok( poll_until(
+		$node, q{
+SELECT count(*) FROM outbox._endpoint_health() AS h
+  JOIN outbox.endpoints AS e ON h.relid = e.tableoid AND h.endpoint_id = e.id
+ WHERE e.name = 'live'}, '1', 15),
+	'the workers keyed the endpoint state by its new id');
 is( $node->safe_psql(
 		'postgres', q{SELECT count(*) = count(DISTINCT id) AND bool_and(id IS NOT NULL) FROM outbox.endpoints}),
 	't', 'existing endpoints got distinct ids');
