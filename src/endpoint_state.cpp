@@ -97,13 +97,33 @@ in_keep(int64 id, const int64 *keep, int n_keep)
     return false;
 }
 
+/* The slot holding endpoint (relid, id), or -1.  Caller holds endpoint_lock. */
+static int
+find_slot(const OdEndpointSlot *slots, int n, Oid relid, int64 id)
+{
+    for (int i = 0; i < n; i++)
+        if (slots[i].used && slots[i].relid == relid && slots[i].id == id)
+            return i;
+    return -1;
+}
+
+/* Point ref at slot i as it is now. */
+static void
+take_ref(OdEndpointSlot *slots, int i, OdEndpointRef *ref)
+{
+    SpinLockAcquire(&slots[i].mutex);
+    ref->slot = i;
+    ref->generation = slots[i].generation;
+    SpinLockRelease(&slots[i].mutex);
+}
+
 bool
 od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, int n_keep,
                     OdEndpointRef *ref)
 {
     OdEndpointSlot *slots;
     int         n;
-    int         found = -1;
+    int         found;
     int         free_slot = -1;
 
     ref->slot = -1;
@@ -115,34 +135,18 @@ od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, i
 
     /* fast path: already assigned (slots are only assigned under the exclusive lock) */
     LWLockAcquire(od_shared->endpoint_lock, LW_SHARED);
-    for (int i = 0; i < n; i++)
-        if (slots[i].used && slots[i].relid == relid && slots[i].id == id)
-        {
-            found = i;
-            break;
-        }
+    found = find_slot(slots, n, relid, id);
     if (found >= 0)
-    {
-        SpinLockAcquire(&slots[found].mutex);
-        ref->slot = found;
-        ref->generation = slots[found].generation;
-        SpinLockRelease(&slots[found].mutex);
-    }
+        take_ref(slots, found, ref);
     LWLockRelease(od_shared->endpoint_lock);
     if (found >= 0)
         return true;
 
     LWLockAcquire(od_shared->endpoint_lock, LW_EXCLUSIVE);
-    for (int i = 0; i < n; i++)
-    {
-        if (slots[i].used && slots[i].relid == relid && slots[i].id == id)
-        {
-            found = i;
-            break;
-        }
-        if (!slots[i].used && free_slot < 0)
+    found = find_slot(slots, n, relid, id);
+    for (int i = 0; i < n && found < 0 && free_slot < 0; i++)
+        if (!slots[i].used)
             free_slot = i;
-    }
     if (found < 0 && free_slot < 0)
     {
         /*
@@ -176,12 +180,7 @@ od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, i
         found = free_slot;
     }
     if (found >= 0)
-    {
-        SpinLockAcquire(&slots[found].mutex);
-        ref->slot = found;
-        ref->generation = slots[found].generation;
-        SpinLockRelease(&slots[found].mutex);
-    }
+        take_ref(slots, found, ref);
     LWLockRelease(od_shared->endpoint_lock);
     return found >= 0;
 }
