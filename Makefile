@@ -7,7 +7,7 @@
 EXTENSION   = outbox_dispatcher
 MODULE_big  = outbox_dispatcher
 DATA        = sql/outbox_dispatcher--0.1.0.sql sql/outbox_dispatcher--0.1.0--0.2.0.sql \
-              sql/outbox_dispatcher--0.2.0--0.2.1.sql
+              sql/outbox_dispatcher--0.2.0--0.2.1.sql sql/outbox_dispatcher--0.2.1--0.2.2.sql
 PGFILEDESC  = "outbox_dispatcher - transactional outbox delivery from background workers"
 
 CORE_SRCS   = $(sort $(wildcard src/core/*.cpp))
@@ -75,7 +75,16 @@ print-regress:
 test-all:
 	./test/test_all_versions.sh
 
-.PHONY: print-regress test-all
+# Every performance scenario, 3 runs each; results in bench-results/
+# (test/bench/run_bench.sh).  bench-readme puts the last results into the
+# README's performance section.
+bench:
+	./test/bench/run_bench.sh
+
+bench-readme:
+	/usr/bin/python3 test/bench/readme_section.py bench-results/results.md README.md
+
+.PHONY: print-regress test-all bench bench-readme
 
 # PGXS does not track header dependencies: rebuild every object when a
 # shared header changes (the shared-memory layout lives in one of them).

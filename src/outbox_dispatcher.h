@@ -28,7 +28,7 @@ extern "C" {
 }
 
 /* The library's version: the newest schema it serves, and the User-Agent. */
-#define OD_LIBRARY_VERSION "0.2.1"
+#define OD_LIBRARY_VERSION "0.2.2"
 
 /* ---------------------------------------------------------------- GUCs (module.cpp) */
 extern char *od_database;
@@ -159,6 +159,7 @@ typedef struct OdEndpointSlot
 typedef struct OdShared
 {
     pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
+    pg_atomic_uint64 lease_check_at; /* TimestampTz: look for expired leases from then (0 = now) */
     pg_atomic_uint32 wake_next;     /* where the next wake starts looking for an idle worker */
     pg_atomic_uint32 endpoints_unserved; /* enabled endpoints the last refresh found no slot for */
     int              max_endpoints; /* slots in od_endpoint_slots() */
@@ -227,17 +228,37 @@ typedef struct OdFinalize
 #define OD_CLAIM_NATTS 11
 
 /*
- * Reap exhausted expired leases, then lease up to batch ready messages,
- * taking at most quotas[i] of endpoints[i] (n_endpoints < 0: every enabled
- * endpoint, up to batch each); expired leases of endpoints[i] are taken
- * over only where takeover[i] (NULL: everywhere).
+ * For the workers' sessions: disable the plan shapes the workers'
+ * statements never want (sequential and bitmap scans, hash and merge joins,
+ * sorts) and keep their plans generic; see transitions.cpp.
+ */
+extern void od_fix_plan_shapes(void);
+
+/* od_claim flags */
+#define OD_CLAIM_CHECK_LEASES 0x01  /* reap and take over expired leases first */
+#define OD_CLAIM_SCHEMA_V022  0x02  /* messages_leased is (lease_until) WHERE lease_until IS NOT NULL */
+
+/*
+ * With OD_CLAIM_CHECK_LEASES, reap exhausted expired leases and take over
+ * the others (of endpoints[i] only where takeover[i]; NULL: everywhere),
+ * then set the shared time of the next check (od_lease_check_due); lease
+ * up to batch ready messages, taking at most quotas[i] of endpoints[i]
+ * (n_endpoints < 0: every enabled endpoint, up to batch each).
  * Must be called inside a transaction, connected to SPI; the claimed rows
  * are left in SPI_tuptable (SPI_processed of them).  Returns the number of
  * rows reaped to dead.
  */
 extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
                        const char *const *endpoints, const int *quotas, const bool *takeover,
-                       int n_endpoints);
+                       int n_endpoints, int flags);
+
+/*
+ * Can a lease have expired by `now`?  Every claim lowers the shared check
+ * time to the deadlines it set; every check raises it to the earliest
+ * deadline left (at most 5 s ahead; core/lease_check.hpp).  Always true
+ * without shared memory.
+ */
+extern bool od_lease_check_due(TimestampTz now);
 
 /*
  * Apply n fenced finalizes in one statement.  Sets items[i].applied; lost

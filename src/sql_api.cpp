@@ -17,6 +17,7 @@ extern "C" {
 
 PG_FUNCTION_INFO_V1(od_enqueue_sql);
 PG_FUNCTION_INFO_V1(od_claim_sql);
+PG_FUNCTION_INFO_V1(od_claim_v022_sql);
 PG_FUNCTION_INFO_V1(od_mark_done_sql);
 PG_FUNCTION_INFO_V1(od_reschedule_sql);
 PG_FUNCTION_INFO_V1(od_mark_dead_sql);
@@ -113,8 +114,25 @@ od_enqueue_sql(PG_FUNCTION_ARGS)
 
 /* ---------------------------------------------------------------- claim */
 
+static Datum claim_sql(FunctionCallInfo fcinfo, int flags);
+
+/* outbox.claim() of schemas 0.1.0 to 0.2.1 */
 extern "C" Datum
 od_claim_sql(PG_FUNCTION_ARGS)
+{
+    return claim_sql(fcinfo, OD_CLAIM_CHECK_LEASES);
+}
+
+/* outbox.claim() of schema 0.2.2 (messages_leased keyed by lease_until IS NOT NULL) */
+extern "C" Datum
+od_claim_v022_sql(PG_FUNCTION_ARGS)
+{
+    return claim_sql(fcinfo, OD_CLAIM_CHECK_LEASES | OD_CLAIM_SCHEMA_V022);
+}
+
+/* The SQL claim always looks for expired leases: it is the caller's whole cycle. */
+static Datum
+claim_sql(FunctionCallInfo fcinfo, int flags)
 {
     ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
     char       *owner;
@@ -159,7 +177,7 @@ od_claim_sql(PG_FUNCTION_ARGS)
     MemoryContextSwitchTo(oldcxt);
 
     level = od_spi_connect();
-    od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, -1);
+    od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, -1, flags);
     oldcxt = MemoryContextSwitchTo(per_query);
     {
         /* the claim returns the lease deadline too (the workers' fence); the SQL API returns OD_CLAIM_NATTS */

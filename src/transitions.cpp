@@ -57,19 +57,22 @@
  * in shared memory and logged; the newer owner's state stands.
  */
 #include "outbox_dispatcher.h"
+#include "core/lease_check.hpp"
 
 extern "C" {
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 }
 
 /* ---------------------------------------------------------------- plans */
 
-static SPIPlanPtr plan_reap = nullptr;
-static SPIPlanPtr plan_claim = nullptr;
+static SPIPlanPtr plan_reap[2] = {nullptr, nullptr};
+static SPIPlanPtr plan_claim[3] = {nullptr, nullptr, nullptr};
+static SPIPlanPtr plan_next_deadline[2] = {nullptr, nullptr};
 static SPIPlanPtr plan_finalize = nullptr;
 static SPIPlanPtr plan_retry = nullptr;
 static SPIPlanPtr plan_retry_dead = nullptr;
@@ -80,50 +83,84 @@ static SPIPlanPtr plan_replay = nullptr;
 static SPIPlanPtr plan_move = nullptr;
 static SPIPlanPtr plan_enqueue = nullptr;
 
-static const char *const SQL_REAP =
-    "WITH expired AS ("
-    "  SELECT id FROM outbox.messages"
-    "   WHERE status = 'processing' AND lease_until < now() AND attempts >= $1"
-    "   ORDER BY lease_until LIMIT $2"
-    "     FOR UPDATE SKIP LOCKED) "
-    "UPDATE outbox.messages AS m"
-    "   SET status = 'dead', lease_owner = NULL, lease_until = NULL,"
-    "       last_error = 'lease expired on attempt ' || m.attempts::text || ' of ' || $1::text"
-    "                    || ' (worker crashed or the request outlived its lease)'"
-    " WHERE m.id = ANY (ARRAY(SELECT id FROM expired))";
+/*
+ * Expired leases.  Schema 0.2.2 indexes leases as messages_leased
+ * (lease_until) WHERE lease_until IS NOT NULL (the same rows as status =
+ * 'processing', by messages_lease_check) and its statements name no status:
+ * then messages_leased is the only index whose predicate they imply, and no
+ * statistics can make the planner walk messages_open (status <> 'done',
+ * implied by status = 'processing') and sort.  Older schemas keep the
+ * status test their index needs.
+ */
+#define EXPIRED_V022 "lease_until < now()"
+#define EXPIRED_OLD  "status = 'processing' AND lease_until < now()"
 
-static const char *const SQL_CLAIM =
-    "WITH quota AS ("
-    "  SELECT q.endpoint, q.n, q.takeover, q.ord"
-    "    FROM unnest($5::text[], $6::int[], $7::bool[]) WITH ORDINALITY AS q(endpoint, n, takeover, ord)"
-    "   WHERE q.n >= 0"
-    "     AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = q.endpoint AND e.enabled)"
-    "  UNION ALL"
+#define SQL_REAP_TEXT(expired) \
+    "WITH expired AS (" \
+    "  SELECT id FROM outbox.messages" \
+    "   WHERE " expired " AND attempts >= $1" \
+    "   ORDER BY lease_until LIMIT $2" \
+    "     FOR UPDATE SKIP LOCKED) " \
+    "UPDATE outbox.messages AS m" \
+    "   SET status = 'dead', lease_owner = NULL, lease_until = NULL," \
+    "       last_error = 'lease expired on attempt ' || m.attempts::text || ' of ' || $1::text" \
+    "                    || ' (worker crashed or the request outlived its lease)'" \
+    " WHERE m.id = ANY (ARRAY(SELECT id FROM expired))"
+
+static const char *const SQL_REAP[2] = {SQL_REAP_TEXT(EXPIRED_OLD), SQL_REAP_TEXT(EXPIRED_V022)};
+
+/* the earliest lease deadline: when the next expired-lease check is due */
+static const char *const SQL_NEXT_DEADLINE[2] = {
+    "SELECT lease_until FROM outbox.messages WHERE status = 'processing' ORDER BY lease_until LIMIT 1",
+    "SELECT lease_until FROM outbox.messages WHERE lease_until IS NOT NULL ORDER BY lease_until LIMIT 1"};
+
+#define SQL_CLAIM_QUOTA \
+    "WITH quota AS (" \
+    "  SELECT q.endpoint, q.n, q.takeover, q.ord" \
+    "    FROM unnest($5::text[], $6::int[], $7::bool[]) WITH ORDINALITY AS q(endpoint, n, takeover, ord)" \
+    "   WHERE q.n >= 0" \
+    "     AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = q.endpoint AND e.enabled)" \
+    "  UNION ALL" \
     "  SELECT e.name, $2, true, 0 FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
-    "picked AS ("
-    "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m"
-    "    WHERE m.status = 'processing' AND m.lease_until < now() AND m.attempts < $4"
-    "      AND m.endpoint IN (SELECT endpoint FROM quota WHERE takeover)"
-    "    ORDER BY m.lease_until LIMIT $2"
-    "      FOR UPDATE OF m SKIP LOCKED) AS expired"
+
+#define SQL_CLAIM_EXPIRED_ARM(expired) \
+    "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m" \
+    "    WHERE m." expired " AND m.attempts < $4" \
+    "      AND m.endpoint IN (SELECT endpoint FROM quota WHERE takeover)" \
+    "    ORDER BY m.lease_until LIMIT $2" \
+    "      FOR UPDATE OF m SKIP LOCKED) AS expired" \
     "  UNION ALL"
-    "  SELECT r.id FROM (SELECT endpoint, n FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q"
-    "   CROSS JOIN LATERAL ("
-    "    SELECT m.id FROM outbox.messages AS m"
-    "     WHERE m.endpoint = q.endpoint AND m.status = 'pending' AND m.available_at <= now()"
-    "       AND (NOT m.ordered OR NOT EXISTS ("
-    "             SELECT 1 FROM outbox.messages AS p"
-    "              WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id"
-    "                AND p.id < m.id AND p.status <> 'done'))"
-    "     ORDER BY m.available_at, m.id LIMIT q.n"
-    "       FOR UPDATE OF m SKIP LOCKED) AS r"
+
+#define SQL_CLAIM_READY_ARM \
+    "  SELECT r.id FROM (SELECT endpoint, n FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q" \
+    "   CROSS JOIN LATERAL (" \
+    "    SELECT m.id FROM outbox.messages AS m" \
+    "     WHERE m.endpoint = q.endpoint AND m.status = 'pending' AND m.available_at <= now()" \
+    "       AND (NOT m.ordered OR NOT EXISTS (" \
+    "             SELECT 1 FROM outbox.messages AS p" \
+    "              WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
+    "                AND p.id < m.id AND p.status <> 'done'))" \
+    "     ORDER BY m.available_at, m.id LIMIT q.n" \
+    "       FOR UPDATE OF m SKIP LOCKED) AS r" \
     "  LIMIT $2) "
-    "UPDATE outbox.messages AS o"
-    "   SET status = 'processing', lease_owner = $1, lease_until = now() + $3,"
-    "       lease_version = o.lease_version + 1, attempts = o.attempts + 1"
-    " WHERE o.id = ANY (ARRAY(SELECT id FROM picked)) "
-    "RETURNING o.id, o.lease_version, o.attempts, o.endpoint, o.aggregate_type, o.aggregate_id,"
-    "          o.event_type, o.payload, o.headers, o.ordered, o.created_at, o.lease_until";
+
+#define SQL_CLAIM_UPDATE \
+    "UPDATE outbox.messages AS o" \
+    "   SET status = 'processing', lease_owner = $1, lease_until = now() + $3," \
+    "       lease_version = o.lease_version + 1, attempts = o.attempts + 1" \
+    " WHERE o.id = ANY (ARRAY(SELECT id FROM picked)) " \
+    "RETURNING o.id, o.lease_version, o.attempts, o.endpoint, o.aggregate_type, o.aggregate_id," \
+    "          o.event_type, o.payload, o.headers, o.ordered, o.created_at, o.lease_until"
+
+/*
+ * [0] and [1]: with the expired-lease arm (old schema, 0.2.2); [2]: ready
+ * rows only, for when no lease can have expired yet ($4 and $7 unused:
+ * declared parameters need not be referenced).
+ */
+static const char *const SQL_CLAIM[3] = {
+    SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED_OLD) SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE,
+    SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED_V022) SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE,
+    SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE};
 
 static const char *const SQL_FINALIZE =
     "UPDATE outbox.messages AS m"
@@ -194,14 +231,47 @@ static const char *const SQL_ENQUEUE =
     " VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, now()), $8) RETURNING id";
 
 /*
- * Prepare and keep a plan.  Statements whose best plan depends on the batch
- * size and on the table's current size (claim, reap, purge: ORDER BY ...
- * LIMIT $n) are always planned with their actual parameters
- * (CURSOR_OPT_CUSTOM_PLAN): a generic plan cached while the queue was empty
- * estimates LIMIT $n as a tenth of the table and, once the table has grown,
- * sorts the whole ready set — seconds per claim.  Finalize has one shape
- * (probe the primary key per result) and keeps a generic plan.
+ * Plans.  Every statement here is written as index probes whose cost is
+ * proportional to the batch: the claim's arms read partial indexes in key
+ * order up to their limits, the reap and the next-deadline probe read
+ * messages_leased from its lowest deadline, the finalize probes the primary
+ * key once per result.  Statistics cannot be trusted to agree: ANALYZE
+ * taken while nothing is open says the open set is empty, a plan made on an
+ * empty table thinks a scan of it is free, and a generic plan estimates
+ * LIMIT $n as a tenth of the table.
+ *
+ * In the workers' sessions (od_fix_plan_shapes) the plan shapes these
+ * statements never want are disabled: sequential and bitmap scans, hash
+ * and merge joins, sorts (and JIT, which those penalties would trigger).  The planner is left with the index paths
+ * whatever the statistics say, so every statement is planned once, on
+ * whatever the table holds then, and kept (a generic plan: no planning per
+ * claim).  In other sessions (the SQL functions) the caller's settings
+ * stand, so the statements whose best plan depends on the batch and the
+ * table (claim, reap, purge: ORDER BY ... LIMIT $n) and the finalize are
+ * planned with their actual parameters every time (custom plans): a
+ * generic plan cached while the queue was empty once took 13.7 s per claim
+ * once the table had grown.
  */
+static bool plan_shapes_fixed = false;
+
+void
+od_fix_plan_shapes(void)
+{
+    static const char *const off[] = {"enable_seqscan", "enable_bitmapscan", "enable_hashjoin",
+                                      "enable_mergejoin", "enable_sort"};
+
+    for (const char *name : off)
+        SetConfigOption(name, "off", PGC_USERSET, PGC_S_OVERRIDE);
+    /*
+     * And no JIT: these statements run in a millisecond, and before
+     * PostgreSQL 18 a disabled plan shape adds its penalty to the cost,
+     * which would put even a one-row scan of outbox.endpoints above
+     * jit_above_cost (tens of milliseconds of compilation per statement).
+     */
+    SetConfigOption("jit", "off", PGC_USERSET, PGC_S_OVERRIDE);
+    plan_shapes_fixed = true;
+}
+
 static SPIPlanPtr
 od_prepare_opts(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes, int cursor_options)
 {
@@ -218,16 +288,19 @@ od_prepare_opts(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtype
     return *slot;
 }
 
+/* operator transitions: one row or a few, by key; the plan cache decides */
 static SPIPlanPtr
 od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
 {
     return od_prepare_opts(slot, sql, nargs, argtypes, 0);
 }
 
+/* the hot path: generic plans where the shapes are fixed, custom plans elsewhere */
 static SPIPlanPtr
-od_prepare_custom(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
+od_prepare_hot(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
 {
-    return od_prepare_opts(slot, sql, nargs, argtypes, CURSOR_OPT_CUSTOM_PLAN);
+    return od_prepare_opts(slot, sql, nargs, argtypes,
+                           plan_shapes_fixed ? CURSOR_OPT_GENERIC_PLAN : CURSOR_OPT_CUSTOM_PLAN);
 }
 
 static Datum
@@ -255,27 +328,59 @@ build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 }
 
 
+/* ---------------------------------------------------------------- lease checks */
+
+bool
+od_lease_check_due(TimestampTz now)
+{
+    if (od_shared == nullptr)
+        return true;
+    return now >= (TimestampTz) pg_atomic_read_u64(&od_shared->lease_check_at);
+}
+
+/* a claim set leases ending at `deadline`: check no later than that */
+static void
+note_lease_deadline(TimestampTz deadline)
+{
+    uint64 cur;
+
+    if (od_shared == nullptr || deadline < 0)
+        return;
+    cur = pg_atomic_read_u64(&od_shared->lease_check_at);
+    while ((uint64) od::lower_lease_check((int64) cur, deadline) != cur)
+        if (pg_atomic_compare_exchange_u64(&od_shared->lease_check_at, &cur, (uint64) deadline))
+            break;
+}
+
 uint64
 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
-         const char *const *endpoints, const int *quotas, const bool *takeover, int n_endpoints)
+         const char *const *endpoints, const int *quotas, const bool *takeover, int n_endpoints, int flags)
 {
     static const Oid reap_types[2] = {INT4OID, INT4OID};
     static const Oid claim_types[7] = {TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID,
                                        BOOLARRAYOID};
+    const bool  check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
+    const int   v = (flags & OD_CLAIM_SCHEMA_V022) ? 1 : 0;
+    const int   which = check ? v : 2;
     Datum       args[7];
     char        nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
-    uint64      reaped;
+    uint64      reaped = 0;
     int         rc;
+    SPITupleTable *claimed;
+    uint64      nclaimed;
+    TimestampTz earliest = -1;
 
-    od_prepare_custom(&plan_reap, SQL_REAP, 2, reap_types);
-    od_prepare_custom(&plan_claim, SQL_CLAIM, 7, claim_types);
-
-    args[0] = Int32GetDatum(max_attempts);
-    args[1] = Int32GetDatum(batch);
-    rc = SPI_execute_plan(plan_reap, args, nullptr, false, 0);
-    if (rc != SPI_OK_UPDATE)
-        elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
-    reaped = SPI_processed;
+    if (check)
+    {
+        od_prepare_hot(&plan_reap[v], SQL_REAP[v], 2, reap_types);
+        args[0] = Int32GetDatum(max_attempts);
+        args[1] = Int32GetDatum(batch);
+        rc = SPI_execute_plan(plan_reap[v], args, nullptr, false, 0);
+        if (rc != SPI_OK_UPDATE)
+            elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
+        reaped = SPI_processed;
+    }
+    od_prepare_hot(&plan_claim[which], SQL_CLAIM[which], 7, claim_types);
 
     args[0] = CStringGetTextDatum(owner);
     args[1] = Int32GetDatum(batch);
@@ -303,9 +408,51 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
         args[5] = PointerGetDatum(build_array(ns, nullptr, n_endpoints, INT4OID));
         args[6] = PointerGetDatum(build_array(tk, nullptr, n_endpoints, BOOLOID));
     }
-    rc = SPI_execute_plan(plan_claim, args, nulls, false, 0);
+    rc = SPI_execute_plan(plan_claim[which], args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)
         elog(ERROR, "outbox_dispatcher: claim failed: %s", SPI_result_code_string(rc));
+    claimed = SPI_tuptable;
+    nclaimed = SPI_processed;
+
+    /* the leases just set: the next check is due at their deadline at the latest */
+    for (uint64 i = 0; i < nclaimed; i++)
+    {
+        bool        isnull;
+        TimestampTz until = DatumGetTimestampTz(SPI_getbinval(claimed->vals[i], claimed->tupdesc,
+                                                              OD_CLAIM_NATTS + 1, &isnull));
+
+        if (!isnull && (earliest < 0 || until < earliest))
+            earliest = until;
+    }
+    if (earliest >= 0)
+        note_lease_deadline(earliest);
+
+    if (check && od_shared != nullptr)
+    {
+        /* when can the next lease expire?  (one probe of messages_leased) */
+        TimestampTz now = GetCurrentTimestamp();
+        bool        has = false;
+        TimestampTz first = 0;
+
+        od_prepare_hot(&plan_next_deadline[v], SQL_NEXT_DEADLINE[v], 0, nullptr);
+        rc = SPI_execute_plan(plan_next_deadline[v], nullptr, nullptr, true, 1);
+        if (rc != SPI_OK_SELECT)
+            elog(ERROR, "outbox_dispatcher: reading the next lease deadline failed: %s",
+                 SPI_result_code_string(rc));
+        if (SPI_processed == 1)
+        {
+            bool isnull;
+
+            first = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+            has = !isnull;
+        }
+        SPI_freetuptable(SPI_tuptable);
+        pg_atomic_write_u64(&od_shared->lease_check_at,
+                            (uint64) od::next_lease_check(now, has, first, reaped >= (uint64) batch));
+        /* the claimed rows stay the result, as documented */
+        SPI_tuptable = claimed;
+        SPI_processed = nclaimed;
+    }
     return reaped;
 }
 
@@ -337,7 +484,7 @@ od_finalize(OdFinalize *items, int n)
 
     if (n <= 0)
         return 0;
-    od_prepare(&plan_finalize, SQL_FINALIZE, 9, types);
+    od_prepare_hot(&plan_finalize, SQL_FINALIZE, 9, types);
 
     ids = (Datum *) palloc(sizeof(Datum) * n);
     vers = (Datum *) palloc(sizeof(Datum) * n);
@@ -466,7 +613,7 @@ od_purge(int64 older_than_us, int limit)
     char        nulls[2] = {' ', limit > 0 ? ' ' : 'n'};
     int         rc;
 
-    od_prepare_custom(&plan_purge, SQL_PURGE, 2, types);
+    od_prepare_hot(&plan_purge, SQL_PURGE, 2, types);
     rc = SPI_execute_plan(plan_purge, args, nulls, false, 0);
     if (rc != SPI_OK_DELETE)
         elog(ERROR, "outbox_dispatcher: purge failed: %s", SPI_result_code_string(rc));

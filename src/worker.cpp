@@ -85,7 +85,7 @@ static WaitEventSet  *wait_set = nullptr;
 static bool           ext_ready = false;
 static bool           ext_missing_logged = false;
 static TimestampTz    oldest_outcome_at = 0;
-static int            schema_version = 0;       /* 100 = 0.1.0, 200 = 0.2.0, 201 = 0.2.1 */
+static int            schema_version = 0;       /* 100 = 0.1.0, 200 = 0.2.0, 201 = 0.2.1, 202 = 0.2.2 */
 static char           *ext_idle_reason = nullptr; /* why the installed extension is not served */
 static char           *ext_idle_hint = nullptr;
 
@@ -409,6 +409,8 @@ apply_settings(void)
     s.defer_delay_ms = od_defer_delay_ms;
     s.max_retry_after_s = Max((int64) od_backoff_cap_ms / 1000, (int64) od_max_defer_age_s);
     s.max_transfers = transfer_budget;
+    /* what one worker can have in flight: every request keeps its connection */
+    s.pool_connections = (size_t) od_batch_size * 2;
     disp->set_settings(s);
 }
 
@@ -487,6 +489,8 @@ parse_version(const char *v)
         return 200;
     if (strcmp(v, "0.2.1") == 0)
         return 201;
+    if (strcmp(v, "0.2.2") == 0)
+        return 202;
     return 0;
 }
 
@@ -749,6 +753,8 @@ do_claim(int capacity)
     int         *slot_of_quota;
     int          m = n_wendpoints;
     int          n_rejected = 0;
+    bool         check_leases;
+    bool         any_quota = false;
     TimestampTz  now = GetCurrentTimestamp();
 
     names = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * (m + 1));
@@ -765,7 +771,20 @@ do_claim(int capacity)
         bool            probe;
         bool            stale;
         TimestampTz     retry_at;
-        int             q = od_endpoint_reserve(w->ref, &w->lim, capacity, now, &probe, &retry_at, &stale);
+        int             want = capacity;
+        int             q;
+
+        /*
+         * At most this worker's share of the endpoint's cluster-wide
+         * max_in_flight per claim: with a batch above it, the first worker
+         * to claim would take every place, and the others (their quota 0,
+         * nothing of their own in flight to release) would sit until the
+         * next poll — one worker delivering at a time (batch_size 500
+         * drained at 57% of batch_size 100 with 2 workers and 256 places).
+         */
+        if (w->lim.max_in_flight > 0 && od_workers > 1)
+            want = Min(want, Max(1, (w->lim.max_in_flight + od_workers - 1) / od_workers));
+        q = od_endpoint_reserve(w->ref, &w->lim, want, now, &probe, &retry_at, &stale);
 
         names[k] = w->name;
         if (stale)
@@ -785,12 +804,24 @@ do_claim(int capacity)
     places_released = false;
     if (m == 0)
         return 0;               /* no enabled endpoint */
+    /* expired leases are looked for only once one can have expired (od_lease_check_due) */
+    check_leases = od_lease_check_due(now);
+    for (int k = 0; k < m && !any_quota; k++)
+        any_quota = quotas[k] > 0;
+    if (!any_quota && !check_leases)
+    {
+        /* nothing to take: no transaction at all */
+        release_pending_reservation();
+        claim_quota_full = false;
+        return 0;
+    }
     /* with every quota at 0 the claim still takes over expired leases */
 
     set_state(OD_STATE_CLAIMING);
     begin_tx("claiming messages");
     reaped = od_claim(lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas,
-                      takeover, m);
+                      takeover, m,
+                      (check_leases ? OD_CLAIM_CHECK_LEASES : 0) | (schema_version >= 202 ? OD_CLAIM_SCHEMA_V022 : 0));
     n = (int) SPI_processed;
     rows = (ClaimRow *) MemoryContextAllocZero(cycle_ctx, sizeof(ClaimRow) * (n + 1));
     for (int i = 0; i < n; i++)
@@ -1255,6 +1286,8 @@ od_worker_main(Datum arg)
      */
     SetConfigOption("search_path", OD_SAFE_SEARCH_PATH, PGC_SUSET, PGC_S_OVERRIDE);
     SetConfigOption("application_name", MyBgworkerEntry->bgw_name, PGC_USERSET, PGC_S_OVERRIDE);
+    /* plans that statistics cannot degrade (transitions.cpp) */
+    od_fix_plan_shapes();
 
     lease_owner = MemoryContextStrdup(TopMemoryContext,
                                       psprintf("worker-%d/pid-%d", worker_index, MyProcPid));

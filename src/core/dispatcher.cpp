@@ -39,6 +39,8 @@ void Dispatcher::set_settings(const DispatcherSettings &s) noexcept {
 /* Idle connections are sockets too: never keep more than max_transfers of them. */
 void Dispatcher::apply_pool_size() noexcept {
     long pool = pool_size_;
+    if (pool > 0 && settings_.pool_connections > static_cast<std::size_t>(pool))
+        pool = static_cast<long>(settings_.pool_connections);
     std::size_t cap = settings_.max_transfers;
     if (cap > 0 && (pool <= 0 || cap < static_cast<std::size_t>(pool))) pool = static_cast<long>(cap);
     engine_.set_max_connections(pool);

@@ -87,6 +87,13 @@ struct DispatcherSettings {
      * until transfers finish.  It also bounds the keep-alive pool.
      */
     std::size_t max_transfers = 0;
+    /*
+     * Idle keep-alive connections kept for reuse, at least; 0 = the
+     * engine's own size (HttpEngineOptions::max_connections).  Set it to
+     * what one claim can put in flight, or every request beyond the pool
+     * reconnects.  Never more than max_transfers.
+     */
+    std::size_t pool_connections = 0;
 };
 
 class Dispatcher {

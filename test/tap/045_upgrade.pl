@@ -1,9 +1,9 @@
 # Copyright: outbox_dispatcher contributors
 #
 # 045_upgrade.pl — ALTER EXTENSION outbox_dispatcher UPDATE from 0.1.0 to
-# 0.2.0, then to 0.2.1, under running workers
+# 0.2.0, then to 0.2.1, then to 0.2.2, under running workers
 # (sql/outbox_dispatcher--0.1.0--0.2.0.sql, sql/outbox_dispatcher--0.2.0--0.2.1.sql,
-# docs/endpoints.md "Upgrading").
+# sql/outbox_dispatcher--0.2.1--0.2.2.sql, docs/endpoints.md "Upgrading").
 #
 # Proves, with 2 workers running the new library throughout:
 #   - on schema 0.1.0 (CREATE EXTENSION ... VERSION '0.1.0'): extversion
@@ -29,6 +29,10 @@
 #   - ALTER EXTENSION ... UPDATE to 0.2.1: endpoints get distinct ids,
 #     enqueue() is SECURITY INVOKER with a pinned search_path, the workers
 #     keep delivering and endpoint_health finds their state by id.
+#   - ALTER EXTENSION ... UPDATE to 0.2.2 while an SQL claim holds a lease:
+#     messages_leased is keyed by lease_until IS NOT NULL, the table has
+#     fillfactor 50, claim() is bound to the 0.2.2 entry point; the workers
+#     take the old lease over once it expires and keep delivering.
 #
 # Run: see 010_delivery.pl.
 use strict;
@@ -192,7 +196,7 @@ is($node->safe_psql('postgres', 'SELECT lost_leases FROM outbox.health'), '0', '
 }
 
 # ------------------------------------------------------------------ 0.2.0 -> 0.2.1 (security release)
-$node->safe_psql('postgres', 'ALTER EXTENSION outbox_dispatcher UPDATE');
+$node->safe_psql('postgres', q{ALTER EXTENSION outbox_dispatcher UPDATE TO '0.2.1'});
 is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
 	'0.2.1', 'updated to 0.2.1');
 # the workers re-read the endpoints every poll_interval (100 ms): from then on
@@ -224,6 +228,44 @@ is($node->safe_psql('postgres', 'SELECT lost_leases FROM outbox.health'), '0', '
 	my $log = slurp_file($node->logfile, $log_offset);
 	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, $log;
 	is(scalar @errors, 0, 'no ERROR in the server log after the second update') or diag(join("\n", @errors));
+}
+
+# ------------------------------------------------------------------ 0.2.1 -> 0.2.2 (performance)
+$log_offset = -s $node->logfile;
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = off; SELECT pg_reload_conf();});
+ok(poll_until($node, q{SELECT bool_and(state = 'paused') FROM outbox.worker_stats}, 't', 30), 'workers paused');
+my $held = $node->safe_psql('postgres', q{SELECT outbox.enqueue('order', 'held', 'order.created', '{}', 'live')});
+is( $node->safe_psql(
+		'postgres', "SELECT count(*) FILTER (WHERE id = $held) FROM outbox.claim('upgrade-test', 100, '2 seconds')"),
+	'1', 'an SQL claim holds a lease across the update');
+$node->safe_psql('postgres', 'ALTER EXTENSION outbox_dispatcher UPDATE');
+is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
+	'0.2.2', 'updated to 0.2.2');
+is($node->safe_psql('postgres', q{SELECT pg_get_indexdef('outbox.messages_leased'::regclass)}),
+	'CREATE INDEX messages_leased ON outbox.messages USING btree (lease_until) WHERE (lease_until IS NOT NULL)',
+	'messages_leased is keyed by lease_until IS NOT NULL');
+is($node->safe_psql('postgres', q{SELECT reloptions::text FROM pg_class WHERE oid = 'outbox.messages'::regclass}),
+	'{autovacuum_vacuum_scale_factor=0.0,autovacuum_vacuum_threshold=10000,autovacuum_analyze_scale_factor=0.02,fillfactor=50}',
+	'outbox.messages has fillfactor 50');
+is( $node->safe_psql(
+		'postgres', q{
+SELECT p.prosrc, p.proconfig::text FROM pg_proc AS p
+ WHERE p.oid = 'outbox.claim(text,integer,interval,integer)'::regprocedure}),
+	'od_claim_v022_sql|{"search_path=pg_catalog, pg_temp"}', 'claim() is bound to the 0.2.2 entry point');
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = on; SELECT pg_reload_conf();});
+ok(poll_until($node, "SELECT status || '/' || lease_version FROM outbox.messages WHERE id = $held", 'done/2', 20),
+	'the workers took the lease set before the update over and delivered the message');
+$node->safe_psql('postgres',
+	q{SELECT count(outbox.enqueue('order', g::text, 'order.created', jsonb_build_object('n', g), 'live'))
+	    FROM generate_series(21, 25) AS g});
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'live' AND status = 'done'}, '21', 15),
+	'the workers deliver on 0.2.2 without a restart');
+is( $node->safe_psql('postgres', q{SELECT count(*) FROM outbox.claim('upgrade-test', 1, '1 minute') WHERE false}),
+	'0', 'claim() of 0.2.2 runs');
+{
+	my $log = slurp_file($node->logfile, $log_offset);
+	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, $log;
+	is(scalar @errors, 0, 'no ERROR in the server log after the third update') or diag(join("\n", @errors));
 }
 
 $sink->stop;

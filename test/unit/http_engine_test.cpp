@@ -906,4 +906,37 @@ TEST(Dispatcher, MaxTransfersShrinksTheKeepAlivePool) {
     EXPECT_EQ(server.connections(), 8);  // and no new ones were needed
 }
 
+TEST(Dispatcher, PoolConnectionsGrowsTheKeepAlivePool) {
+    // An engine pool of 4 closes 4 of 8 connections once they go idle, and
+    // the next 8 requests reconnect; with pool_connections 8 (what a claim
+    // can put in flight) all 8 are kept and reused.
+    for (std::size_t pool : {std::size_t(0), std::size_t(8)}) {
+        LoopbackServer server;
+        od::Dispatcher d;
+        od::HttpEngineOptions opts;
+        opts.max_connections = 4;
+        ASSERT_TRUE(d.init(opts, 6));
+        od::DispatcherSettings s;
+        s.pool_connections = pool;
+        d.set_settings(s);
+        od::EndpointConfig ep;
+        ep.name = "ok";
+        ep.url = server.url("/slowish");
+        ep.max_in_flight = 100;
+        d.begin_endpoints();
+        ASSERT_TRUE(d.add_endpoint(ep));
+        d.end_endpoints();
+        for (int round = 0; round < 2; round++) {
+            for (int i = 1; i <= 8; i++) ASSERT_TRUE(d.add(message(round * 8 + i, "ok", 1)));
+            drive(d, (round + 1) * 8, 10000);
+        }
+        ASSERT_EQ(d.outcomes().size(), 16u);
+        for (const auto &o : d.outcomes()) EXPECT_EQ(o.verdict, od::Verdict::Done) << o.id << ": " << o.error;
+        if (pool == 0)
+            EXPECT_GE(server.connections(), 12) << "the default pool kept only 4";
+        else
+            EXPECT_EQ(server.connections(), 8) << "pool_connections 8 keeps every connection";
+    }
+}
+
 }  // namespace

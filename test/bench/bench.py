@@ -1,0 +1,575 @@
+#!/usr/bin/python3
+"""
+bench.py — every performance scenario of outbox_dispatcher, 3 runs each.
+
+Run through `make bench` (test/bench/run_bench.sh), which installs what is
+needed, builds and installs the extension and runs this script as the
+postgres user in a scratch directory.  Prints one table (min / median / max
+of the runs) and writes results.json, results.md and plot.png into OUT.
+
+Scenarios (default settings unless the scenario is about a setting):
+  fresh      drain 50,000 ~250-byte messages committed while the workers
+             were paused; the workers prepared their plans on an empty table
+             (20 single messages delivered first).
+  backlog    the same with 100,000 messages.
+  retained   the same 50,000 with 1,000,000 done rows retained (done within
+             the retention window), VACUUM ANALYZE taken while no message was
+             open (the statistics say the open set is empty).
+  sustained  pgbench producer, 500 tx/s x 10 messages (5,000 msg/s) for
+             SUSTAIN_S seconds, synchronous_commit = on for the producer:
+             the application's transaction latency (avg, p99) with the
+             workers delivering vs with the workers paused, and the CPU the
+             workers used (cores = CPU seconds / wall seconds).
+  idle       commit -> arrival at a recording sink, 200 single-message
+             transactions 20 ms apart: p50 / p99.
+  wal        for the fresh and retained drains: WAL bytes written during the
+             drain (claim + finalize; a CHECKPOINT right before the messages
+             were inserted, so full-page images of pages the drain touches
+             first count), full-page images, and the share of HOT updates.
+  scaling    fresh drain with workers 1/2/4 x batch_size 100/500.
+
+Each run uses its own freshly initialised cluster (fsync on, the
+extension's defaults); the HTTP endpoint is one nginx worker answering
+`return 200` over keep-alive on loopback.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+RUNS = int(os.environ.get("RUNS", "3"))
+N_FRESH = int(os.environ.get("N", "50000"))
+N_BACKLOG = int(os.environ.get("N_BACKLOG", "100000"))
+N_RETAINED = int(os.environ.get("N_RETAINED", "1000000"))
+SUSTAIN_S = int(os.environ.get("SUSTAIN_S", "20"))
+SUSTAIN_TPS = int(os.environ.get("SUSTAIN_TPS", "500"))
+IDLE_M = int(os.environ.get("IDLE_M", "200"))
+SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,retained,sustained,idle,scaling").split(",")
+WORK = os.environ.get("OD_BENCH_WORK") or tempfile.mkdtemp(prefix="od_bench.")
+OUT = os.environ.get("OUT", os.path.join(WORK, "out"))
+SRC = os.environ.get("OD_BENCH_SRC", os.path.dirname(os.path.abspath(__file__)) + "/../..")
+PORT = int(os.environ.get("PORT", "55440"))
+NGINX_PORT = int(os.environ.get("NGINX_PORT", "18191"))
+PGBIN = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
+PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g % 1000, 'note', repeat('x', 200))"
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------- servers
+
+class Cluster:
+    """A throwaway PostgreSQL cluster with the extension preloaded."""
+
+    def __init__(self, name, conf=None, template=None):
+        self.dir = os.path.join(WORK, name)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if template:
+            subprocess.run(["cp", "-a", template, self.dir], check=True)
+        else:
+            subprocess.run([PGBIN + "/initdb", "-D", self.dir, "-A", "trust", "-U", "postgres"],
+                           check=True, stdout=subprocess.DEVNULL)
+            base = {
+                "shared_preload_libraries": "'outbox_dispatcher'",
+                "port": str(PORT),
+                "listen_addresses": "''",
+                "unix_socket_directories": "'%s'" % WORK,
+                "max_wal_size": "'4GB'",
+                "outbox_dispatcher.enabled": "off",
+            }
+            base.update(conf or {})
+            with open(os.path.join(self.dir, "postgresql.conf"), "a") as f:
+                for k, v in base.items():
+                    f.write("%s = %s\n" % (k, v))
+        self.start()
+
+    def start(self):
+        subprocess.run([PGBIN + "/pg_ctl", "-D", self.dir, "-l", self.dir + ".log", "-w", "start"],
+                       check=True, stdout=subprocess.DEVNULL)
+
+    def stop(self, mode="fast"):
+        subprocess.run([PGBIN + "/pg_ctl", "-D", self.dir, "-m", mode, "-w", "stop"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def destroy(self):
+        self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def sql(self, *stmts):
+        args = [PGBIN + "/psql", "-h", WORK, "-p", str(PORT), "-U", "postgres", "-d", "postgres",
+                "-XAtq", "-v", "ON_ERROR_STOP=1"]
+        for s in stmts:
+            args += ["-c", s]
+        r = subprocess.run(args, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("psql failed: %s\n%s" % (stmts, r.stderr))
+        return r.stdout.strip()
+
+    def set_enabled(self, on):
+        self.sql("ALTER SYSTEM SET outbox_dispatcher.enabled = %s" % ("on" if on else "off"),
+                 "SELECT pg_reload_conf()")
+        # wait until every worker acknowledged the reload
+        want = "t" if on else "f"
+        for _ in range(400):
+            states = self.sql("SELECT string_agg(state, ',') FROM outbox.worker_stats")
+            if on and "paused" not in states:
+                return
+            if not on and all(s in ("paused",) for s in states.split(",") if s):
+                return
+            time.sleep(0.025)
+        raise RuntimeError("workers did not switch to enabled=%s (%s)" % (want, states))
+
+    def worker_pids(self):
+        out = self.sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'")
+        return [int(p) for p in out.split()] if out else []
+
+
+def cpu_seconds(pids):
+    hz = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in pids:
+        try:
+            with open("/proc/%d/stat" % p) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / hz
+
+
+def start_nginx():
+    d = os.path.join(WORK, "nginx")
+    os.makedirs(d + "/logs", exist_ok=True)
+    conf = os.path.join(WORK, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write("""worker_processes 1;
+pid %(d)s/nginx.pid;
+error_log %(d)s/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    keepalive_timeout 75s;
+    client_body_temp_path %(d)s/body;
+    proxy_temp_path %(d)s/proxy;
+    fastcgi_temp_path %(d)s/fastcgi;
+    uwsgi_temp_path %(d)s/uwsgi;
+    scgi_temp_path %(d)s/scgi;
+    server { listen 127.0.0.1:%(p)d; location / { return 200 "ok"; } }
+}
+""" % {"d": d, "p": NGINX_PORT})
+    subprocess.run(["nginx", "-c", conf, "-p", d, "-e", d + "/logs/error.log"], check=True)
+    return d + "/nginx.pid"
+
+
+def start_sink():
+    pf = os.path.join(WORK, "sink.port")
+    proc = subprocess.Popen(["/usr/bin/python3", os.path.join(SRC, "test/sink/sink.py"), "--port", "0",
+                             "--port-file", pf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if os.path.exists(pf) and open(pf).read().strip():
+            return proc, int(open(pf).read().strip())
+        time.sleep(0.1)
+    raise RuntimeError("sink did not start")
+
+
+# ---------------------------------------------------------------- scenario parts
+
+def new_dispatcher(name, workers=None, batch=None, template=None, extra=None):
+    conf = {}
+    if workers is not None:
+        conf["outbox_dispatcher.workers"] = str(workers)
+    if batch is not None:
+        conf["outbox_dispatcher.batch_size"] = str(batch)
+    conf.update(extra or {})
+    c = Cluster(name, conf, template)
+    if template is None:
+        c.sql("CREATE EXTENSION outbox_dispatcher",
+              "INSERT INTO outbox.endpoints (name, url) VALUES ('nginx', 'http://127.0.0.1:%d/hook')" % NGINX_PORT)
+    return c
+
+
+def warm_plans(c, count=20):
+    """Deliver `count` single messages so that every worker statement is
+    prepared (and the plan cache has decided) on the table as it is now."""
+    c.set_enabled(True)
+    for i in range(count):
+        c.sql("INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+              " VALUES ('warm', '%d', 'Warm', '{}', 'nginx')" % i)
+        time.sleep(0.01)
+    wait_drained(c, timeout=30)
+    c.set_enabled(False)
+
+
+def wait_drained(c, timeout=600):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = c.sql("SELECT (EXISTS (SELECT 1 FROM outbox.messages WHERE status = 'pending')"
+                     " OR EXISTS (SELECT 1 FROM outbox.messages WHERE status = 'processing'))::int")
+        if left == "0":
+            return
+        time.sleep(0.02)
+    raise RuntimeError("not drained after %d s" % timeout)
+
+
+def table_counters(c):
+    r = c.sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'outbox.messages'::regclass")
+    upd, hot = (int(x) for x in r.split("|"))
+    return upd, hot
+
+
+def wal_counters(c):
+    r = c.sql("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn, wal_fpi, wal_records FROM pg_stat_wal")
+    b, fpi, rec = r.split("|")
+    return int(float(b)), int(fpi), int(rec)
+
+
+def drain(c, n, label):
+    """Insert n messages while paused (after a CHECKPOINT), enable, time the drain."""
+    c.sql("CHECKPOINT")
+    w0 = wal_counters(c)
+    c.sql("INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+          " SELECT 'order', g::text, 'OrderCreated', %s, 'nginx' FROM generate_series(1, %d) g" % (PAYLOAD, n))
+    w1 = wal_counters(c)
+    time.sleep(0.6)                     # let the inserting backend's statistics reach the stats system
+    u0 = table_counters(c)
+    t0 = float(c.sql("SELECT extract(epoch FROM clock_timestamp())"))
+    c.set_enabled(True)
+    wait_drained(c)
+    w2 = wal_counters(c)
+    t1 = float(c.sql("SELECT extract(epoch FROM max(done_at)) FROM outbox.messages WHERE status = 'done'"))
+    done = int(c.sql("SELECT count(*) FROM outbox.messages WHERE status = 'done' AND aggregate_type = 'order'"))
+    time.sleep(1.2)                     # workers report their statistics when they go idle
+    u1 = table_counters(c)
+    c.set_enabled(False)
+    upd = u1[0] - u0[0]
+    hot = u1[1] - u0[1]
+    res = {
+        "msg_s": n / (t1 - t0),
+        "done": done,
+        "insert_wal_b": (w1[0] - w0[0]) / n,
+        "drain_wal_b": (w2[0] - w1[0]) / n,
+        "drain_fpi": (w2[1] - w1[1]) / n,
+        "drain_wal_records": (w2[2] - w1[2]) / n,
+        "updates_per_msg": upd / n,
+        "hot_pct": 100.0 * hot / upd if upd else 0.0,
+    }
+    log("  %-10s %8.0f msg/s  WAL %5.0f B/msg (fpi %.3f/msg, %.1f records)  updates %.2f/msg, HOT %.0f%%"
+        % (label, res["msg_s"], res["drain_wal_b"], res["drain_fpi"], res["drain_wal_records"],
+           res["updates_per_msg"], res["hot_pct"]))
+    if done != n:
+        raise RuntimeError("%s: %d of %d done" % (label, done, n))
+    return res
+
+
+def scenario_drain(n, label, workers=None, batch=None):
+    c = new_dispatcher("drain", workers, batch)
+    try:
+        warm_plans(c)
+        return drain(c, n, label)
+    finally:
+        c.destroy()
+
+
+RETAINED_TEMPLATE = None
+
+
+def retained_template():
+    """One cluster with N_RETAINED done rows, analyzed with nothing open, kept as a template."""
+    global RETAINED_TEMPLATE
+    if RETAINED_TEMPLATE:
+        return RETAINED_TEMPLATE
+    c = new_dispatcher("retained_tpl")
+    warm_plans(c)
+    log("  building %d retained done rows ..." % N_RETAINED)
+    c.sql("INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+          " SELECT 'history', g::text, 'OrderCreated', %s, 'nginx' FROM generate_series(1, %d) g"
+          % (PAYLOAD, N_RETAINED))
+    # delivered over the last 6 days (inside the default 7-day retention)
+    c.sql("ALTER TABLE outbox.messages DISABLE TRIGGER USER",
+          "UPDATE outbox.messages SET status = 'done', attempts = 1, lease_version = 1,"
+          " done_at = now() - (id % 518400) * interval '1 second' WHERE aggregate_type = 'history'",
+          "ALTER TABLE outbox.messages ENABLE TRIGGER USER")
+    c.sql("VACUUM FULL outbox.messages")
+    c.sql("VACUUM ANALYZE outbox.messages")
+    c.stop()
+    RETAINED_TEMPLATE = c.dir + "_template"
+    shutil.rmtree(RETAINED_TEMPLATE, ignore_errors=True)
+    os.rename(c.dir, RETAINED_TEMPLATE)
+    return RETAINED_TEMPLATE
+
+
+def scenario_retained():
+    tpl = retained_template()
+    c = new_dispatcher("retained", template=tpl)
+    try:
+        warm_plans(c)
+        # the statistics are those of a queue with nothing open, as after a quiet night
+        c.sql("VACUUM ANALYZE outbox.messages")
+        return drain(c, N_FRESH, "retained")
+    finally:
+        c.destroy()
+
+
+def pgbench_run(c, seconds, tps):
+    script = os.path.join(WORK, "producer.sql")
+    with open(script, "w") as f:
+        f.write("BEGIN;\n"
+                "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+                " SELECT 'order', (random() * 1000000)::int::text, 'OrderCreated', %s, 'nginx'"
+                " FROM generate_series(1, 10) g;\n"
+                "END;\n" % PAYLOAD)
+    logdir = tempfile.mkdtemp(dir=WORK, prefix="pgbench.")
+    pids = c.worker_pids()
+    cpu0 = cpu_seconds(pids)
+    t0 = time.time()
+    subprocess.run([PGBIN + "/pgbench", "-h", WORK, "-p", str(PORT), "-U", "postgres", "-n", "-f", script,
+                    "-c", "8", "-j", "2", "-R", str(tps), "-T", str(seconds), "-l", "--log-prefix",
+                    logdir + "/tx", "postgres"], check=True, capture_output=True, cwd=logdir)
+    wall = time.time() - t0
+    cpu = cpu_seconds(pids) - cpu0
+    lat = []
+    for fn in os.listdir(logdir):
+        with open(os.path.join(logdir, fn)) as f:
+            for line in f:
+                parts = line.split()
+                # client tx time_us script epoch epoch_us [lag_us]: time_us includes the schedule lag
+                lat.append(int(parts[2]) / 1000.0)
+    shutil.rmtree(logdir)
+    lat.sort()
+    return {
+        "avg_ms": sum(lat) / len(lat),
+        "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "tps": len(lat) / seconds,
+        "worker_cores": cpu / wall,
+    }
+
+
+def scenario_sustained():
+    c = new_dispatcher("sustained")
+    try:
+        warm_plans(c)
+        c.set_enabled(True)
+        on = pgbench_run(c, SUSTAIN_S, SUSTAIN_TPS)
+        wait_drained(c)
+        backlog_after = 0
+        c.set_enabled(False)
+        c.sql("TRUNCATE outbox.messages")
+        c.sql("VACUUM ANALYZE outbox.messages")
+        off = pgbench_run(c, SUSTAIN_S, SUSTAIN_TPS)
+        res = {"on_avg_ms": on["avg_ms"], "on_p99_ms": on["p99_ms"], "off_avg_ms": off["avg_ms"],
+               "off_p99_ms": off["p99_ms"], "worker_cores": on["worker_cores"],
+               "ratio_avg": on["avg_ms"] / off["avg_ms"], "ratio_p99": on["p99_ms"] / off["p99_ms"],
+               "tps_on": on["tps"], "backlog_after": backlog_after}
+        log("  sustained  app latency avg %.2f / p99 %.2f ms with workers, %.2f / %.2f ms paused (x%.2f avg);"
+            " workers %.2f cores" % (on["avg_ms"], on["p99_ms"], off["avg_ms"], off["p99_ms"],
+                                     res["ratio_avg"], on["worker_cores"]))
+        return res
+    finally:
+        c.destroy()
+
+
+def scenario_idle(sink_port):
+    c = new_dispatcher("idle")
+    try:
+        c.sql("INSERT INTO outbox.endpoints (name, url) VALUES ('sink', 'http://127.0.0.1:%d/hook')" % sink_port)
+        c.set_enabled(True)
+        urllib.request.urlopen("http://127.0.0.1:%d/_control/reset" % sink_port, data=b"").read()
+        time.sleep(1.5)
+        stmts = []
+        for i in range(IDLE_M):
+            stmts.append("INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+                         " VALUES ('order', '%d', 'OrderCreated', '{\"n\": %d}', 'sink');" % (i, i))
+            stmts.append("SELECT pg_sleep(0.02);")
+        subprocess.run([PGBIN + "/psql", "-h", WORK, "-p", str(PORT), "-U", "postgres", "-d", "postgres", "-XAtq"],
+                       input="\n".join(stmts), text=True, check=True, capture_output=True)
+        wait_drained(c)
+        reqs = json.load(urllib.request.urlopen("http://127.0.0.1:%d/_control/requests?path=/hook" % sink_port))
+        created = {}
+        for line in c.sql("SELECT id, extract(epoch FROM created_at) FROM outbox.messages").splitlines():
+            i, t = line.split("|")
+            created[i] = float(t)
+        lat = sorted((r["t"] - created[r["headers_lc"]["idempotency-key"]]) * 1000.0
+                     for r in reqs if r["headers_lc"].get("idempotency-key") in created)
+        res = {"p50_ms": lat[len(lat) // 2], "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+               "n": len(lat)}
+        log("  idle       commit -> arrival p50 %.2f ms, p99 %.2f ms (%d messages)"
+            % (res["p50_ms"], res["p99_ms"], res["n"]))
+        return res
+    finally:
+        c.destroy()
+
+
+# ---------------------------------------------------------------- report
+
+def summary(values):
+    v = sorted(values)
+    return {"min": v[0], "median": statistics.median(v), "max": v[-1], "runs": v}
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    nginx_pid = start_nginx()
+    sink, sink_port = start_sink()
+    results = {}
+    runs = {}
+
+    def add(key, value):
+        runs.setdefault(key, []).append(value)
+
+    version = subprocess.run(["pg_config", "--version"], capture_output=True, text=True).stdout.split()[1]
+    log("outbox_dispatcher benchmark: %d cores, PostgreSQL %s, %d runs per scenario" % (os.cpu_count(), version, RUNS))
+    t_start = time.time()
+    try:
+        for run in range(RUNS):
+            log("run %d of %d" % (run + 1, RUNS))
+            if "fresh" in SCENARIOS:
+                r = scenario_drain(N_FRESH, "fresh")
+                add("fresh_msg_s", r["msg_s"])
+                for k in ("drain_wal_b", "drain_fpi", "insert_wal_b", "hot_pct", "updates_per_msg",
+                          "drain_wal_records"):
+                    add("fresh_" + k, r[k])
+            if "backlog" in SCENARIOS:
+                add("backlog_msg_s", scenario_drain(N_BACKLOG, "backlog")["msg_s"])
+            if "retained" in SCENARIOS:
+                r = scenario_retained()
+                add("retained_msg_s", r["msg_s"])
+                for k in ("drain_wal_b", "drain_fpi", "hot_pct"):
+                    add("retained_" + k, r[k])
+            if "sustained" in SCENARIOS:
+                r = scenario_sustained()
+                for k, v in r.items():
+                    add("sustained_" + k, v)
+            if "idle" in SCENARIOS:
+                r = scenario_idle(sink_port)
+                add("idle_p50_ms", r["p50_ms"])
+                add("idle_p99_ms", r["p99_ms"])
+            if "scaling" in SCENARIOS:
+                for w in (1, 2, 4):
+                    for b in (100, 500):
+                        add("scale_w%d_b%d" % (w, b),
+                            scenario_drain(N_FRESH, "w%d b%d" % (w, b), workers=w, batch=b)["msg_s"])
+    finally:
+        sink.kill()
+        try:
+            os.kill(int(open(nginx_pid).read()), 15)
+        except OSError:
+            pass
+        if RETAINED_TEMPLATE:
+            shutil.rmtree(RETAINED_TEMPLATE, ignore_errors=True)
+    for k, v in runs.items():
+        results[k] = summary(v)
+    meta = {"cores": os.cpu_count(), "postgresql": version, "runs": RUNS, "n": N_FRESH, "n_backlog": N_BACKLOG,
+            "n_retained": N_RETAINED, "sustain_s": SUSTAIN_S, "sustain_tps": SUSTAIN_TPS,
+            "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t_start)}
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+    md = render(meta, results)
+    with open(os.path.join(OUT, "results.md"), "w") as f:
+        f.write(md)
+    print()
+    print(md)
+    plot(results, os.path.join(OUT, "plot.png"))
+
+
+ROWS = [
+    # key, label, unit, format
+    ("fresh_msg_s", "drain %(n)s, fresh table (plans prepared on an empty table)", "msg/s", "%.0f"),
+    ("backlog_msg_s", "drain %(n_backlog)s backlog", "msg/s", "%.0f"),
+    ("retained_msg_s", "drain %(n)s with %(n_retained)s done rows retained, analyzed with nothing open", "msg/s", "%.0f"),
+    ("sustained_on_avg_ms", "application tx latency avg, %(tps)s msg/s producer, workers delivering", "ms", "%.2f"),
+    ("sustained_off_avg_ms", "application tx latency avg, same producer, workers paused", "ms", "%.2f"),
+    ("sustained_on_p99_ms", "application tx latency p99, workers delivering", "ms", "%.2f"),
+    ("sustained_off_p99_ms", "application tx latency p99, workers paused", "ms", "%.2f"),
+    ("sustained_ratio_avg", "application latency avg, delivering / paused", "x", "%.2f"),
+    ("sustained_worker_cores", "worker CPU at %(tps)s msg/s", "cores", "%.2f"),
+    ("idle_p50_ms", "idle commit -> arrival p50", "ms", "%.2f"),
+    ("idle_p99_ms", "idle commit -> arrival p99", "ms", "%.2f"),
+    ("fresh_drain_wal_b", "WAL per delivered message, claim + finalize (fresh)", "B", "%.0f"),
+    ("retained_drain_wal_b", "WAL per delivered message, claim + finalize (retained)", "B", "%.0f"),
+    ("fresh_drain_fpi", "full-page images per delivered message (fresh)", "", "%.3f"),
+    ("fresh_insert_wal_b", "WAL per message of the producer's INSERT (for scale)", "B", "%.0f"),
+    ("fresh_updates_per_msg", "row updates per delivered message", "", "%.2f"),
+    ("fresh_hot_pct", "HOT updates", "%", "%.0f"),
+]
+
+
+def render(meta, results):
+    fmt = {"n": "{:,}".format(meta["n"]), "n_backlog": "{:,}".format(meta["n_backlog"]),
+           "n_retained": "{:,}".format(meta["n_retained"]), "tps": "{:,}".format(meta["sustain_tps"] * 10)}
+    lines = ["outbox_dispatcher %s, PostgreSQL %s, %d cores, %s; %d runs per figure (min / median / max)."
+             % (library_version(), meta["postgresql"], meta["cores"], meta["date"], meta["runs"]), "",
+             "| scenario | min | median | max | unit |", "|---|---:|---:|---:|---|"]
+    for key, label, unit, f in ROWS:
+        if key not in results:
+            continue
+        r = results[key]
+        lines.append("| %s | %s | **%s** | %s | %s |" % (label % fmt, f % r["min"], f % r["median"], f % r["max"], unit))
+    scale = [k for k in results if k.startswith("scale_")]
+    if scale:
+        lines += ["", "Drain of %s messages by workers and batch_size (median msg/s, min-max):" % fmt["n"], "",
+                  "| workers | batch_size 100 | batch_size 500 |", "|---:|---:|---:|"]
+        for w in (1, 2, 4):
+            cells = []
+            for b in (100, 500):
+                r = results.get("scale_w%d_b%d" % (w, b))
+                cells.append("%.0f (%.0f-%.0f)" % (r["median"], r["min"], r["max"]) if r else "-")
+            lines.append("| %d | %s | %s |" % (w, cells[0], cells[1]))
+    return "\n".join(lines) + "\n"
+
+
+def library_version():
+    try:
+        with open(os.path.join(SRC, "outbox_dispatcher.control")) as f:
+            for line in f:
+                if line.startswith("default_version"):
+                    return line.split("=")[1].strip().strip("'")
+    except OSError:
+        pass
+    return "?"
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("(matplotlib not installed: no plot)")
+        return
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    keys = [("fresh_msg_s", "fresh"), ("backlog_msg_s", "backlog"), ("retained_msg_s", "1M retained")]
+    keys = [(k, l) for k, l in keys if k in results]
+    med = [results[k]["median"] for k, _ in keys]
+    err = [[results[k]["median"] - results[k]["min"] for k, _ in keys],
+           [results[k]["max"] - results[k]["median"] for k, _ in keys]]
+    a1.bar([l for _, l in keys], med, yerr=err, capsize=6, color="#4477aa")
+    a1.set_ylabel("msg/s (median, min-max)")
+    a1.set_title("drain rate")
+    for w in (1, 2, 4):
+        xs, ys = [], []
+        for b in (100, 500):
+            r = results.get("scale_w%d_b%d" % (w, b))
+            if r:
+                xs.append(b)
+                ys.append(r["median"])
+        if xs:
+            a2.plot(xs, ys, marker="o", label="%d workers" % w)
+    a2.set_xlabel("batch_size")
+    a2.set_ylabel("msg/s (median)")
+    a2.set_title("scaling")
+    a2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    log("plot: %s" % path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+# Copyright: outbox_dispatcher contributors
+#
+# 057_plans.pl — the workers' statements keep plans proportional to the
+# batch whatever the statistics say, and expired leases are looked for only
+# when one can have expired.
+#
+# auto_explain logs the plan of every statement the workers run.  The
+# workers prepare their plans on an empty table (20 single messages), then
+# 30,000 done rows are retained and analyzed while nothing is open (the
+# statistics say messages_open and messages_leased are empty: the state in
+# which 0.2.1 walked messages_open and sorted), then the workers deliver
+# 3,000 messages, some of them ordered, take over a lease that an SQL claim
+# left to expire and reap one whose attempts are exhausted.  Proves:
+#   - no worker plan reads outbox.messages by a sequential or bitmap scan,
+#     joins by hash or merge, or sorts messages by a column an index orders;
+#   - the expired-lease statements read messages_leased;
+#   - claims without a lease check happen, and lease checks are few (each
+#     one is due only at a deadline, or 5 s after the last one);
+#   - the expired lease is taken over and the exhausted one reaped, each
+#     within a few seconds of its deadline.
+#
+# Run: see 010_delivery.pl.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use OdSink;
+use OdTest qw(poll_until);
+
+my $node = PostgreSQL::Test::Cluster->new('plans');
+$node->init;
+$node->append_conf(
+	'postgresql.conf', q{
+shared_preload_libraries = 'outbox_dispatcher,auto_explain'
+outbox_dispatcher.workers = 2
+outbox_dispatcher.poll_interval = 200ms
+auto_explain.log_min_duration = 0
+auto_explain.log_nested_statements = on
+log_line_prefix = '%m [%p] %b: '
+autovacuum = off
+});
+$node->start;
+my $sink = OdSink->start($node->basedir);
+my $url = $sink->url('/hook');
+$node->safe_psql(
+	'postgres', qq{
+CREATE EXTENSION outbox_dispatcher;
+INSERT INTO outbox.endpoints (name, url) VALUES ('default', '$url');
+});
+
+sub enqueue_sql
+{
+	my ($n, $type, $ordered) = @_;
+	return "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, ordered)
+	        SELECT '$type', (g % 50)::text, 'order.created', jsonb_build_object('n', g), $ordered
+	          FROM generate_series(1, $n) AS g";
+}
+
+# 1. plans prepared on an empty table
+for my $i (1 .. 20)
+{
+	$node->safe_psql('postgres', enqueue_sql(1, 'warm', 'false'));
+	sleep 0.02;
+}
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status <> 'done'}, '0', 30),
+	'20 messages delivered on an empty table');
+
+# 2. a week of history, analyzed while nothing is open
+$node->safe_psql(
+	'postgres', q{
+ALTER TABLE outbox.messages DISABLE TRIGGER USER;
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, status, done_at, attempts, lease_version)
+SELECT 'history', g::text, 'order.created', jsonb_build_object('note', repeat('x', 200)), 'done',
+       now() - (g % 600000) * interval '1 second', 1, 1
+  FROM generate_series(1, 30000) AS g;
+ALTER TABLE outbox.messages ENABLE TRIGGER USER;
+VACUUM ANALYZE outbox.messages;
+});
+is( $node->safe_psql('postgres',
+		q{SELECT reltuples::bigint FROM pg_class WHERE relname IN ('messages_open', 'messages_leased') ORDER BY relname}),
+	"0\n0", 'the statistics say the open and leased sets are empty');
+
+my $log_offset = -s $node->logfile;
+my $t0 = time;
+
+# 3. with the workers paused: an SQL claim takes one message with a 1 s
+# lease and never finalizes it; another one's attempts are exhausted (the
+# reaper makes it dead); then 3,000 deliveries, ordered ones included
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = off; SELECT pg_reload_conf();});
+ok(poll_until($node, q{SELECT bool_and(state = 'paused') FROM outbox.worker_stats}, 't', 30), 'workers paused');
+$node->safe_psql('postgres', enqueue_sql(1, 'orphan', 'false'));
+my $orphan = $node->safe_psql('postgres', q{SELECT id FROM outbox.claim('test-owner', 1, '1 second')});
+$node->safe_psql('postgres', enqueue_sql(1, 'exhausted', 'false'));
+my $exhausted = $node->safe_psql('postgres', q{SELECT id FROM outbox.claim('test-owner', 1, '1 second')});
+$node->safe_psql('postgres', "UPDATE outbox.messages SET attempts = 12 WHERE id = $exhausted");
+like($orphan, qr/^\d+$/, 'an SQL claim holds a message with a 1 s lease');
+$node->safe_psql('postgres', enqueue_sql(2000, 'order', 'false'));
+$node->safe_psql('postgres', enqueue_sql(1000, 'ledger', 'true'));
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = on; SELECT pg_reload_conf();});
+
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status IN ('pending', 'processing')}, '0', 90),
+	'every message finished');
+my $elapsed = time - $t0;
+is($node->safe_psql('postgres', "SELECT status, lease_version FROM outbox.messages WHERE id = $orphan"),
+	'done|2', 'the expired SQL lease was taken over by a worker and delivered');
+like($node->safe_psql('postgres', "SELECT status || ': ' || last_error FROM outbox.messages WHERE id = $exhausted"),
+	qr/^dead: lease expired on attempt 12/, 'the exhausted expired lease was reaped');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages WHERE status = 'done' AND aggregate_type IN ('order', 'ledger')}),
+	'3000', '3,000 messages done');
+sleep 0.5;
+
+# ---------------------------------------------------------------- the plans
+my $log = slurp_file($node->logfile, $log_offset);
+my @entries = split /\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] )/, $log;
+my (@worker_plans, $claims, $checked_claims, $reaps, $bad);
+$claims = $checked_claims = $reaps = 0;
+for my $e (@entries)
+{
+	next unless $e =~ /\] outbox_dispatcher worker: LOG:  duration: [\d.]+ ms  plan:/;
+	next unless $e =~ /outbox\.messages/;
+	push @worker_plans, $e;
+	my $is_claim = $e =~ /SET status = 'processing'/;
+	my $expired = $e =~ /lease_until < now\(\)/;
+	$claims++ if $is_claim;
+	$checked_claims++ if $is_claim && $expired;
+	$reaps++ if $e =~ /SET status = 'dead', lease_owner = NULL/;
+	if ($expired && $e !~ /messages_leased/)
+	{
+		$bad //= "expired-lease statement without messages_leased:\n$e";
+	}
+	for my $shape (qr/Seq Scan on messages/, qr/Bitmap Heap Scan on messages/, qr/Hash Join/, qr/Merge Join/,
+		qr/Sort Key: \S*(?:lease_until|available_at|done_at)/)
+	{
+		$bad //= "plan shape $shape:\n$e" if $e =~ $shape;
+	}
+}
+cmp_ok(scalar(@worker_plans), '>=', 40, 'auto_explain logged the workers\' statements on outbox.messages');
+ok(!defined $bad, 'every worker plan reads outbox.messages through an index, in index order')
+  or diag(substr($bad, 0, 3000));
+cmp_ok($claims, '>=', 20, "the workers claimed ($claims claims)");
+cmp_ok($claims - $checked_claims, '>=', 10, 'most claims run without a lease check ('
+	  . ($claims - $checked_claims) . " of $claims)");
+# one check when the workers start on the new state, one per deadline that passed (2 here), one per
+# 5 s while leases are outstanding; each due check may be run by both workers
+my $allowed = 2 * (3 + int($elapsed / 5) + 1);
+cmp_ok($checked_claims, '<=', $allowed, "lease checks are few ($checked_claims in ${\ sprintf('%.1f', $elapsed)} s)");
+cmp_ok($reaps, '<=', $allowed, "reaps run only with a lease check ($reaps)");
+
+$sink->stop;
+$node->stop;
+done_testing();
