@@ -160,7 +160,6 @@ typedef struct OdShared
 {
     pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
     pg_atomic_uint64 lease_check_at; /* TimestampTz: look for expired leases from then (0 = now) */
-    pg_atomic_uint32 wake_next;     /* where the next wake starts looking for an idle worker */
     pg_atomic_uint32 endpoints_unserved; /* enabled endpoints the last refresh found no slot for */
     int              max_endpoints; /* slots in od_endpoint_slots() */
     OdWorkerSlot     workers[OD_MAX_WORKERS];

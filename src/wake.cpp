@@ -38,18 +38,24 @@ void
 od_wake_workers(void)
 {
     int n;
-    int start;
 
     if (od_shared == nullptr)
         return;
     n = Min(od_workers, OD_MAX_WORKERS);
     if (n <= 0)
         return;
-    /* start where the previous wake left off, so the work spreads over the workers */
-    start = (int) (pg_atomic_fetch_add_u32(&od_shared->wake_next, 1) % (uint32) n);
+    /*
+     * The lowest-numbered idle worker: light load stays on as few workers
+     * as possible, so that commits arriving while a worker is busy are
+     * claimed together by its next claim, and one worker's claim shares its
+     * transaction with the finalize of its previous results.  Spreading the
+     * wakes round-robin instead made every worker claim a commit or two at
+     * a time: at 5,000 msg/s in 500 commits, 22% more worker CPU with two
+     * workers than with one.
+     */
     for (int k = 0; k < n; k++)
     {
-        OdWorkerSlot *w = &od_shared->workers[(start + k) % n];
+        OdWorkerSlot *w = &od_shared->workers[k];
         Latch        *latch = w->latch;
         uint32        expected = 1;
 

@@ -17,10 +17,11 @@
  *              and postmaster death in one WaitEventSet, so commits, SIGHUP
  *              and SIGTERM are seen while requests are in flight.
  *   finalize   results are batched into one fenced UPDATE per transaction
- *              (od_finalize) as soon as half a batch is ready, everything in
- *              flight is done, or the oldest result waited 2 ms — fast
- *              results never wait for the slowest request, and the next
- *              claim overlaps deliveries still in flight.
+ *              (od_finalize) as soon as half a batch is ready or the oldest
+ *              result waited 2 ms — fast results never wait for the slowest
+ *              request, and the next claim overlaps deliveries still in
+ *              flight; a claim within those 2 ms finalizes them first, in
+ *              its own transaction.
  *
  * Errors: an ERROR in a transaction is caught by the sigsetjmp block in the
  * main function, reported, recorded in the worker's slot, and the loop goes
@@ -738,8 +739,37 @@ queue_claimed(const ClaimRow *r) noexcept
  * reservation is the half-open probe gets exactly one ready message and no
  * expired-lease takeovers, so one request tests it.
  */
+typedef struct FinalizeBatch
+{
+    OdFinalize  *items;
+    int          n;
+    const char **gone;          /* endpoints that answered 410, by name and id */
+    int64       *gone_id;
+    int          n_gone;
+} FinalizeBatch;
+
+static bool finalize_prepare(FinalizeBatch *fb);
+static void finalize_run(FinalizeBatch *fb);
+static void finalize_done(FinalizeBatch *fb);
+
+/* a prepared finalize in a transaction of its own */
+static void
+finalize_alone(FinalizeBatch *fb)
+{
+    set_state(OD_STATE_FINALIZING);
+    begin_tx("finalizing deliveries");
+    finalize_run(fb);
+    end_tx();
+    finalize_done(fb);
+}
+
+/*
+ * Claim up to capacity messages.  with_finalize: finalize the results so
+ * far in the same transaction first (one commit instead of two; a
+ * finalized ordered head frees its successor for this very claim).
+ */
 static int
-do_claim(int capacity)
+do_claim(int capacity, bool with_finalize)
 {
     ClaimRow    *rows;
     int          n;
@@ -755,8 +785,12 @@ do_claim(int capacity)
     int          n_rejected = 0;
     bool         check_leases;
     bool         any_quota = false;
-    TimestampTz  now = GetCurrentTimestamp();
+    TimestampTz  now;
+    FinalizeBatch fb;
+    /* before reserving: the results release their places first */
+    bool         fin = with_finalize && finalize_prepare(&fb);
 
+    now = GetCurrentTimestamp();
     names = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * (m + 1));
     quotas = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
     takeover = (bool *) MemoryContextAllocZero(cycle_ctx, sizeof(bool) * (m + 1));
@@ -803,22 +837,30 @@ do_claim(int capacity)
     claim_rotation = m > 0 ? (claim_rotation + 1) % m : 0;
     places_released = false;
     if (m == 0)
+    {
+        if (fin)
+            finalize_alone(&fb);
         return 0;               /* no enabled endpoint */
+    }
     /* expired leases are looked for only once one can have expired (od_lease_check_due) */
     check_leases = od_lease_check_due(now);
     for (int k = 0; k < m && !any_quota; k++)
         any_quota = quotas[k] > 0;
     if (!any_quota && !check_leases)
     {
-        /* nothing to take: no transaction at all */
+        /* nothing to take: no claim at all */
         release_pending_reservation();
         claim_quota_full = false;
+        if (fin)
+            finalize_alone(&fb);
         return 0;
     }
     /* with every quota at 0 the claim still takes over expired leases */
 
     set_state(OD_STATE_CLAIMING);
-    begin_tx("claiming messages");
+    begin_tx(fin ? "finalizing deliveries and claiming messages" : "claiming messages");
+    if (fin)
+        finalize_run(&fb);
     reaped = od_claim(lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas,
                       takeover, m,
                       (check_leases ? OD_CLAIM_CHECK_LEASES : 0) | (schema_version >= 202 ? OD_CLAIM_SCHEMA_V022 : 0));
@@ -870,6 +912,8 @@ do_claim(int capacity)
         pg_atomic_fetch_add_u64(&slot->dead, n_rejected);
     }
     end_tx();
+    if (fin)
+        finalize_done(&fb);
 
     /* settle the reservation: keep what was claimed, return the rest */
     quota_of = (int *) MemoryContextAlloc(cycle_ctx, sizeof(int) * (n + 1));
@@ -1028,26 +1072,32 @@ note_latency(double ms)
         pg_atomic_write_u64(&slot->latency_max_us, us);
 }
 
-static void
-do_finalize(void)
+/*
+ * A finalize in three parts, so that it can share the claim's transaction
+ * (do_claim): prepare (the results so far, before any transaction), run
+ * (inside one), done (after its commit: counters, results dropped).  An
+ * ERROR in the transaction leaves the results in place: they are
+ * finalized again.
+ */
+
+static bool
+finalize_prepare(FinalizeBatch *fb)
 {
     std::vector<od::DeliveryOutcome> &outs = disp->outcomes();
     int          n = (int) outs.size();
-    OdFinalize  *items;
-    const char **gone;
-    int64       *gone_id;
-    int          n_gone = 0;
 
+    memset(fb, 0, sizeof(*fb));
     if (n == 0)
-        return;
+        return false;
     process_new_outcomes();
-    gone = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * n);
-    gone_id = (int64 *) MemoryContextAllocZero(cycle_ctx, sizeof(int64) * n);
-    items = (OdFinalize *) MemoryContextAllocZero(cycle_ctx, sizeof(OdFinalize) * n);
+    fb->gone = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * n);
+    fb->gone_id = (int64 *) MemoryContextAllocZero(cycle_ctx, sizeof(int64) * n);
+    fb->items = (OdFinalize *) MemoryContextAllocZero(cycle_ctx, sizeof(OdFinalize) * n);
+    fb->n = n;
     for (int i = 0; i < n; i++)
     {
         const od::DeliveryOutcome &o = outs[i];
-        OdFinalize *it = &items[i];
+        OdFinalize *it = &fb->items[i];
 
         it->id = o.id;
         it->lease_version = o.lease_version;
@@ -1079,23 +1129,26 @@ do_finalize(void)
             for (int k = 0; k < n_wendpoints; k++)
                 if (wendpoints[k].ref.slot == o.endpoint_tag)
                 {
-                    gone[n_gone] = MemoryContextStrdup(cycle_ctx, wendpoints[k].name);
-                    gone_id[n_gone] = wendpoints[k].id;
-                    n_gone++;
+                    fb->gone[fb->n_gone] = MemoryContextStrdup(cycle_ctx, wendpoints[k].name);
+                    fb->gone_id[fb->n_gone] = wendpoints[k].id;
+                    fb->n_gone++;
                     break;
                 }
         }
     }
+    return true;
+}
 
-    set_state(OD_STATE_FINALIZING);
-    begin_tx("finalizing deliveries");
-    od_finalize(items, n);
-    for (int i = 0; i < n_gone; i++)
+static void
+finalize_run(FinalizeBatch *fb)
+{
+    od_finalize(fb->items, fb->n);
+    for (int i = 0; i < fb->n_gone; i++)
     {
         Oid   types[3] = {TEXTOID, TEXTOID, INT8OID};
-        Datum args[3] = {CStringGetTextDatum(gone[i]),
+        Datum args[3] = {CStringGetTextDatum(fb->gone[i]),
                          CStringGetTextDatum("HTTP 410 Gone received by the dispatcher"),
-                         Int64GetDatum(gone_id[i])};
+                         Int64GetDatum(fb->gone_id[i])};
         int   rc = SPI_execute_with_args(schema_version >= 201
                                          ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
                                            " WHERE id = $3 AND enabled AND $1 IS NOT NULL"
@@ -1107,18 +1160,23 @@ do_finalize(void)
                                          3, types, args, nullptr, false, 0);
 
         if (rc != SPI_OK_UPDATE)
-            elog(ERROR, "outbox_dispatcher: disabling endpoint \"%s\" failed: %s", gone[i],
+            elog(ERROR, "outbox_dispatcher: disabling endpoint \"%s\" failed: %s", fb->gone[i],
                  SPI_result_code_string(rc));
         if (SPI_processed > 0)
             ereport(LOG,
-                    (errmsg("outbox_dispatcher: endpoint \"%s\" answered 410 Gone and was disabled", gone[i]),
-                     errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint('%s').", gone[i])));
+                    (errmsg("outbox_dispatcher: endpoint \"%s\" answered 410 Gone and was disabled", fb->gone[i]),
+                     errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint('%s').", fb->gone[i])));
     }
-    end_tx();
+}
 
-    for (int i = 0; i < n; i++)
+static void
+finalize_done(FinalizeBatch *fb)
+{
+    std::vector<od::DeliveryOutcome> &outs = disp->outcomes();
+
+    for (int i = 0; i < fb->n; i++)
     {
-        const OdFinalize *it = &items[i];
+        const OdFinalize *it = &fb->items[i];
 
         if (outs[i].latency_ms >= 0)
             note_latency(outs[i].latency_ms);
@@ -1140,6 +1198,21 @@ do_finalize(void)
     outs.clear();
     outcomes_seen = 0;
     oldest_outcome_at = 0;
+    memset(fb, 0, sizeof(*fb));
+}
+
+static void
+do_finalize(void)
+{
+    FinalizeBatch fb;
+
+    if (!finalize_prepare(&fb))
+        return;
+    set_state(OD_STATE_FINALIZING);
+    begin_tx("finalizing deliveries");
+    finalize_run(&fb);
+    end_tx();
+    finalize_done(&fb);
 }
 
 /* ---------------------------------------------------------------- waiting */
@@ -1379,7 +1452,7 @@ od_worker_main(Datum arg)
                 int n;
 
                 woken = false;
-                n = do_claim(room);
+                n = do_claim(room, !disp->outcomes().empty());
                 last_claim_full = (n == room) || claim_quota_full;
                 next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
             }
@@ -1392,12 +1465,20 @@ od_worker_main(Datum arg)
             disp->pump(unix_seconds(now));
         pg_atomic_write_u32(&slot->in_flight, (uint32) disp->in_flight());
 
-        /* finalize: half a batch ready, nothing left in flight, or results waiting too long */
+        /*
+         * finalize: half a batch ready, results waiting FLUSH_AFTER_MS, or
+         * nothing left in flight while no claim can come to share the
+         * transaction (a claim within FLUSH_AFTER_MS finalizes them first,
+         * in its own transaction: under a steady trickle of commits one
+         * transaction per cycle instead of two)
+         */
         if (!disp->outcomes().empty() && now >= retry_not_before)
         {
+            bool claims = ext_ready && od_enabled && !got_sigterm;
+
             if (oldest_outcome_at == 0)
                 oldest_outcome_at = now;
-            if ((int) disp->outcomes().size() >= Max(1, batch / 2) || disp->in_flight() == 0 ||
+            if ((int) disp->outcomes().size() >= Max(1, batch / 2) || (disp->in_flight() == 0 && !claims) ||
                 now >= TimestampTzPlusMilliseconds(oldest_outcome_at, FLUSH_AFTER_MS))
                 do_finalize();
         }
@@ -1439,10 +1520,13 @@ od_worker_main(Datum arg)
             timeout = until <= now ? 0 : (long) ((until - now + 999) / 1000);
         }
 
-        /* idle: nothing queued, in flight or to finalize — wakes may pick us alone */
-        if (timeout != 0 && disp->outstanding() == 0 && disp->outcomes().empty())
+        /*
+         * idle: nothing queued or in flight — wakes may pick us alone (results
+         * waiting to be finalized go with the claim the wake brings)
+         */
+        if (timeout != 0 && disp->outstanding() == 0)
         {
-            if (stats_pending)
+            if (stats_pending && disp->outcomes().empty())
             {
                 pgstat_report_stat(true);   /* going idle: what we changed is visible now */
                 stats_pending = false;
