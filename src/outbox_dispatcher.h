@@ -280,6 +280,8 @@ extern int64  od_enqueue(Datum *values, bool *nulls);
 extern void od_wake_at_commit(void);
 /* Wake the workers now. */
 extern void od_wake_workers(void);
+/* Wake one idle worker other than worker `self` (its claim came back full). */
+extern void od_wake_idle_peer(int self);
 
 /* ---------------------------------------------------------------- endpoint state (endpoint_state.cpp) */
 

@@ -76,6 +76,36 @@ od_wake_workers(void)
     }
 }
 
+/*
+ * A worker whose claim came back full (there may be more): wake the
+ * lowest-numbered idle worker other than itself, which does the same if its
+ * claim is full too.  A burst committed at once thus spreads over the
+ * workers within a few claims instead of waiting for their next poll, and
+ * a trickle that one worker keeps up with wakes nobody.
+ */
+void
+od_wake_idle_peer(int self)
+{
+    int n;
+
+    if (od_shared == nullptr)
+        return;
+    n = Min(od_workers, OD_MAX_WORKERS);
+    for (int k = 0; k < n; k++)
+    {
+        OdWorkerSlot *w = &od_shared->workers[k];
+        Latch        *latch = w->latch;
+        uint32        expected = 1;
+
+        if (k != self && w->pid != 0 && latch != nullptr &&
+            pg_atomic_compare_exchange_u32(&w->idle, &expected, 0))
+        {
+            SetLatch(latch);
+            return;
+        }
+    }
+}
+
 static void
 od_xact_callback(XactEvent event, void *arg)
 {

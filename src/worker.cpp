@@ -129,6 +129,8 @@ typedef struct PendingReservation
 static MemoryContext    endpoint_ctx = nullptr;
 static WorkerEndpoint  *wendpoints = nullptr;
 static int              n_wendpoints = 0;
+static int              pipeline_cap = 0;         /* messages worth holding at once; 0 = batch_size */
+static int              claim_share(const WorkerEndpoint *w);
 static bool             endpoints_stale = false;  /* a slot changed hands: refresh */
 static SlotHold        *holds = nullptr;
 static int              n_holds = 0;
@@ -670,6 +672,13 @@ refresh_endpoints(void)
             n_wendpoints++;
         }
         endpoints_stale = false;
+        {
+            int64 cap = 0;
+
+            for (int i = 0; i < n_wendpoints; i++)
+                cap = Min((int64) INT_MAX, cap + claim_share(&wendpoints[i]));
+            pipeline_cap = (int) cap;
+        }
 
         /* say so once per change, cluster-wide: the worker that changes the count logs it */
         before = pg_atomic_exchange_u32(&od_shared->endpoints_unserved, (uint32) unserved);
@@ -686,6 +695,34 @@ refresh_endpoints(void)
 
 
 /* ---------------------------------------------------------------- claim */
+
+/*
+ * At most this worker's share of an endpoint's cluster-wide max_in_flight
+ * per claim: with a batch above it, the first worker to claim would take
+ * every place, and the others (their quota 0, nothing of their own in
+ * flight to release) would sit until the next poll — one worker delivering
+ * at a time (batch_size 500 drained at 57% of batch_size 100 with 2 workers
+ * and 256 places).
+ */
+static int
+claim_share(const WorkerEndpoint *w)
+{
+    if (w->lim.max_in_flight > 0 && od_workers > 1)
+        return Max(1, (w->lim.max_in_flight + od_workers - 1) / od_workers);
+    return INT_MAX;
+}
+
+/*
+ * What this worker can usefully hold at once: batch_size, or less when the
+ * endpoints' shares add up to less.  The claim and finalize thresholds (half
+ * of it) follow, so that a batch_size larger than the shares does not make
+ * every finalize wait for results that cannot come.
+ */
+static int
+pipeline_size(void)
+{
+    return (pipeline_cap > 0 && pipeline_cap < od_batch_size) ? pipeline_cap : od_batch_size;
+}
 
 typedef struct ClaimRow
 {
@@ -805,19 +842,9 @@ do_claim(int capacity, bool with_finalize)
         bool            probe;
         bool            stale;
         TimestampTz     retry_at;
-        int             want = capacity;
+        int             want = Min(capacity, claim_share(w));
         int             q;
 
-        /*
-         * At most this worker's share of the endpoint's cluster-wide
-         * max_in_flight per claim: with a batch above it, the first worker
-         * to claim would take every place, and the others (their quota 0,
-         * nothing of their own in flight to release) would sit until the
-         * next poll — one worker delivering at a time (batch_size 500
-         * drained at 57% of batch_size 100 with 2 workers and 256 places).
-         */
-        if (w->lim.max_in_flight > 0 && od_workers > 1)
-            want = Min(want, Max(1, (w->lim.max_in_flight + od_workers - 1) / od_workers));
         q = od_endpoint_reserve(w->ref, &w->lim, want, now, &probe, &retry_at, &stale);
 
         names[k] = w->name;
@@ -1437,7 +1464,7 @@ od_worker_main(Datum arg)
         }
 
         /* claim when there is room and a reason to look */
-        batch = od_batch_size;
+        batch = pipeline_size();
         if (ext_ready && od_enabled && now >= retry_not_before && !got_sigterm)
         {
             /* everything we hold is still 'processing': queued, in flight, or
@@ -1454,6 +1481,8 @@ od_worker_main(Datum arg)
                 woken = false;
                 n = do_claim(room, !disp->outcomes().empty());
                 last_claim_full = (n == room) || claim_quota_full;
+                if (n > 0 && last_claim_full)
+                    od_wake_idle_peer(worker_index);    /* there may be more: share it */
                 next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
             }
         }
@@ -1504,7 +1533,7 @@ od_worker_main(Datum arg)
             set_state(OD_STATE_PAUSED);     /* not "finalizing" while it sleeps after a finalize */
         {
             bool can_claim = ext_ready && od_enabled &&
-                (od_batch_size - (int) (disp->outstanding() + disp->outcomes().size())) >= Max(1, od_batch_size / 2);
+                (pipeline_size() - (int) (disp->outstanding() + disp->outcomes().size())) >= Max(1, pipeline_size() / 2);
             TimestampTz until = next_refresh;
 
             if (can_claim)
