@@ -579,7 +579,8 @@ def plot(results, path):
     a2.set_xlabel("batch_size")
     a2.set_ylabel("msg/s (median)")
     a2.set_title("scaling")
-    a2.legend()
+    if a2.lines:
+        a2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     log("plot: %s" % path)
