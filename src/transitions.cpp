@@ -9,7 +9,10 @@
  * SPI_keepplan; the plan cache revalidates them after DDL.  All times are
  * computed by the database (now()), never by the caller's clock.
  *
- * Claim (od_claim), one short transaction, two statements:
+ * Claim (od_claim), one short transaction.  Only when a lease can have
+ * expired (od_lease_check_due; always for the SQL function) does it reap
+ * and take over expired leases, and then read the earliest deadline left
+ * to set the next check; otherwise it runs the ready arm alone:
  *   1. reap: processing rows whose lease expired with attempts already at
  *      max_attempts become dead (the message crashed its worker, or outlived
  *      its lease, on its last allowed attempt).  At most `batch` rows, with
@@ -242,10 +245,10 @@ static const char *const SQL_ENQUEUE =
  *
  * In the workers' sessions (od_fix_plan_shapes) the plan shapes these
  * statements never want are disabled: sequential and bitmap scans, hash
- * and merge joins, sorts (and JIT, which those penalties would trigger).  The planner is left with the index paths
- * whatever the statistics say, so every statement is planned once, on
- * whatever the table holds then, and kept (a generic plan: no planning per
- * claim).  In other sessions (the SQL functions) the caller's settings
+ * and merge joins, sorts (and JIT, which those penalties would trigger).
+ * The planner is left with the index paths whatever the statistics say, so
+ * every statement is planned once, on whatever the table holds then, and
+ * kept (a generic plan: no planning per claim).  In other sessions (the SQL functions) the caller's settings
  * stand, so the statements whose best plan depends on the batch and the
  * table (claim, reap, purge: ORDER BY ... LIMIT $n) and the finalize are
  * planned with their actual parameters every time (custom plans): a

@@ -27,6 +27,34 @@ static bool wake_pending = false;
 static bool callback_registered = false;
 
 /*
+ * Wake the lowest-numbered idle worker other than `skip` (-1: none):
+ * clear its idle flag and set its latch.  False if no worker is idle.
+ * Lowest first rather than round-robin, so that a worker holding results
+ * is the one whose claim finalizes them (do_claim) and light load does not
+ * spread over every worker by rotation.
+ */
+static bool
+wake_lowest_idle(int skip)
+{
+    int n = Min(od_workers, OD_MAX_WORKERS);
+
+    for (int k = 0; k < n; k++)
+    {
+        OdWorkerSlot *w = &od_shared->workers[k];
+        Latch        *latch = w->latch;
+        uint32        expected = 1;
+
+        if (k != skip && w->pid != 0 && latch != nullptr &&
+            pg_atomic_compare_exchange_u32(&w->idle, &expected, 0))
+        {
+            SetLatch(latch);
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
  * Wake one idle worker if there is one: it claims what was committed, and
  * the others stay asleep instead of racing it for the same rows.  When no
  * worker is idle, every worker's latch is set: busy workers then claim again
@@ -42,30 +70,8 @@ od_wake_workers(void)
     if (od_shared == nullptr)
         return;
     n = Min(od_workers, OD_MAX_WORKERS);
-    if (n <= 0)
+    if (n <= 0 || wake_lowest_idle(-1))
         return;
-    /*
-     * The lowest-numbered idle worker: light load stays on as few workers
-     * as possible, so that commits arriving while a worker is busy are
-     * claimed together by its next claim, and one worker's claim shares its
-     * transaction with the finalize of its previous results.  Spreading the
-     * wakes round-robin instead made every worker claim a commit or two at
-     * a time: at 5,000 msg/s in 500 commits, 22% more worker CPU with two
-     * workers than with one.
-     */
-    for (int k = 0; k < n; k++)
-    {
-        OdWorkerSlot *w = &od_shared->workers[k];
-        Latch        *latch = w->latch;
-        uint32        expected = 1;
-
-        if (w->pid != 0 && latch != nullptr &&
-            pg_atomic_compare_exchange_u32(&w->idle, &expected, 0))
-        {
-            SetLatch(latch);
-            return;
-        }
-    }
     for (int i = 0; i < n; i++)
     {
         OdWorkerSlot *w = &od_shared->workers[i];
@@ -77,33 +83,17 @@ od_wake_workers(void)
 }
 
 /*
- * A worker whose claim came back full (there may be more): wake the
- * lowest-numbered idle worker other than itself, which does the same if its
- * claim is full too.  A burst committed at once thus spreads over the
- * workers within a few claims instead of waiting for their next poll, and
- * a trickle that one worker keeps up with wakes nobody.
+ * A worker whose claim came back full (there may be more): wake an idle
+ * worker other than itself, which does the same if its claim is full too.
+ * A burst committed at once thus spreads over the workers within a few
+ * claims instead of waiting for their next poll (test/tap/058_burst.pl),
+ * and a trickle that one claim keeps up with wakes nobody.
  */
 void
 od_wake_idle_peer(int self)
 {
-    int n;
-
-    if (od_shared == nullptr)
-        return;
-    n = Min(od_workers, OD_MAX_WORKERS);
-    for (int k = 0; k < n; k++)
-    {
-        OdWorkerSlot *w = &od_shared->workers[k];
-        Latch        *latch = w->latch;
-        uint32        expected = 1;
-
-        if (k != self && w->pid != 0 && latch != nullptr &&
-            pg_atomic_compare_exchange_u32(&w->idle, &expected, 0))
-        {
-            SetLatch(latch);
-            return;
-        }
-    }
+    if (od_shared != nullptr)
+        (void) wake_lowest_idle(self);
 }
 
 static void

@@ -768,14 +768,6 @@ queue_claimed(const ClaimRow *r) noexcept
     }
 }
 
-/*
- * Claim up to capacity messages.  Each endpoint's share is reserved in
- * shared memory first (breaker, cluster-wide max_in_flight, rate limit);
- * the order of the endpoints rotates from claim to claim, so that one
- * endpoint's backlog cannot starve the others.  An endpoint whose
- * reservation is the half-open probe gets exactly one ready message and no
- * expired-lease takeovers, so one request tests it.
- */
 typedef struct FinalizeBatch
 {
     OdFinalize  *items;
@@ -801,9 +793,15 @@ finalize_alone(FinalizeBatch *fb)
 }
 
 /*
- * Claim up to capacity messages.  with_finalize: finalize the results so
- * far in the same transaction first (one commit instead of two; a
- * finalized ordered head frees its successor for this very claim).
+ * Claim up to capacity messages.  Each endpoint's share is reserved in
+ * shared memory first (breaker, cluster-wide max_in_flight, rate limit);
+ * the order of the endpoints rotates from claim to claim, so that one
+ * endpoint's backlog cannot starve the others.  An endpoint whose
+ * reservation is the half-open probe gets exactly one ready message and no
+ * expired-lease takeovers, so one request tests it.  with_finalize:
+ * finalize the results so far in the same transaction first (one commit
+ * instead of two; a finalized ordered head frees its successor for this
+ * very claim).
  */
 static int
 do_claim(int capacity, bool with_finalize)
@@ -1233,13 +1231,8 @@ do_finalize(void)
 {
     FinalizeBatch fb;
 
-    if (!finalize_prepare(&fb))
-        return;
-    set_state(OD_STATE_FINALIZING);
-    begin_tx("finalizing deliveries");
-    finalize_run(&fb);
-    end_tx();
-    finalize_done(&fb);
+    if (finalize_prepare(&fb))
+        finalize_alone(&fb);
 }
 
 /* ---------------------------------------------------------------- waiting */
