@@ -15,11 +15,14 @@ Scenarios (default settings unless the scenario is about a setting):
   retained   the same 50,000 with 1,000,000 done rows retained (done within
              the retention window), VACUUM ANALYZE taken while no message was
              open (the statistics say the open set is empty).
-  sustained  pgbench producer, 500 tx/s x 10 messages (5,000 msg/s) for
-             SUSTAIN_S seconds, synchronous_commit = on for the producer:
-             the application's transaction latency (avg, p99) with the
-             workers delivering vs with the workers paused, and the CPU the
-             workers used (cores = CPU seconds / wall seconds).
+  sustained  pgbench producer, 500 tx/s x 10 messages (5,000 msg/s),
+             synchronous_commit = on for the producer: the application's
+             transaction latency (avg, p99) with the workers delivering vs
+             with the workers paused, in SUSTAIN_PAIRS alternating pairs of
+             SUSTAIN_S-second phases (medians), the CPU the workers used
+             (cores = CPU seconds / wall seconds), and the WAL flushes the
+             producers' commits waited for (ms and kB per fsync: a commit
+             flushes every WAL record before it, the workers' included).
   idle       commit -> arrival at a recording sink, 200 single-message
              transactions 20 ms apart: p50 / p99.  The commit time is the
              producer transaction's commit timestamp (track_commit_timestamp:
@@ -49,7 +52,8 @@ RUNS = int(os.environ.get("RUNS", "3"))
 N_FRESH = int(os.environ.get("N", "50000"))
 N_BACKLOG = int(os.environ.get("N_BACKLOG", "100000"))
 N_RETAINED = int(os.environ.get("N_RETAINED", "1000000"))
-SUSTAIN_S = int(os.environ.get("SUSTAIN_S", "20"))
+SUSTAIN_S = int(os.environ.get("SUSTAIN_S", "10"))
+SUSTAIN_PAIRS = int(os.environ.get("SUSTAIN_PAIRS", "3"))
 SUSTAIN_TPS = int(os.environ.get("SUSTAIN_TPS", "500"))
 IDLE_M = int(os.environ.get("IDLE_M", "200"))
 SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,retained,sustained,idle,scaling").split(",")
@@ -321,6 +325,16 @@ def scenario_retained():
         c.destroy()
 
 
+def wal_flushes(c):
+    """(WAL bytes, WAL syncs, ms spent in them) so far, cluster-wide: pg_stat_wal up to
+    PostgreSQL 17, pg_stat_io's wal rows from 18 on (track_wal_io_timing for the time)."""
+    r = c.sql("SELECT wal_bytes, wal_sync, wal_sync_time FROM pg_stat_wal"
+              if int(c.sql("SHOW server_version_num")) < 180000 else
+              "SELECT (SELECT wal_bytes FROM pg_stat_wal), sum(fsyncs), sum(fsync_time)"
+              "  FROM pg_stat_io WHERE object = 'wal'")
+    return [float(x or 0) for x in r.split("|")]
+
+
 def pgbench_run(c, seconds, tps):
     script = os.path.join(WORK, "producer.sql")
     with open(script, "w") as f:
@@ -332,12 +346,14 @@ def pgbench_run(c, seconds, tps):
     logdir = tempfile.mkdtemp(dir=WORK, prefix="pgbench.")
     pids = c.worker_pids()
     cpu0 = cpu_seconds(pids)
+    wal0 = wal_flushes(c)
     t0 = time.time()
     subprocess.run([PGBIN + "/pgbench", "-h", WORK, "-p", str(PORT), "-U", "postgres", "-n", "-f", script,
                     "-c", "8", "-j", "2", "-R", str(tps), "-T", str(seconds), "-l", "--log-prefix",
                     logdir + "/tx", "postgres"], check=True, capture_output=True, cwd=logdir)
     wall = time.time() - t0
     cpu = cpu_seconds(pids) - cpu0
+    wal_bytes, syncs, sync_ms = (b - a for a, b in zip(wal0, wal_flushes(c)))
     lat = []
     for fn in os.listdir(logdir):
         with open(os.path.join(logdir, fn)) as f:
@@ -352,28 +368,53 @@ def pgbench_run(c, seconds, tps):
         "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
         "tps": len(lat) / seconds,
         "worker_cores": cpu / wall,
+        # the producers' commits flush whatever WAL precedes them, the workers' included
+        "sync_ms": sync_ms / max(syncs, 1),
+        "kb_per_sync": wal_bytes / 1024.0 / max(syncs, 1),
     }
 
 
 def scenario_sustained():
-    c = new_dispatcher("sustained")
+    """
+    SUSTAIN_PAIRS pairs of (paused, delivering) producer phases of SUSTAIN_S
+    seconds each, alternating in one cluster, so that this machine's drift
+    (its paused latency alone varies 2x between minutes) falls on both
+    sides: each pair gives a ratio, the run reports the medians.  Each phase
+    starts from an empty, vacuumed table; a delivering phase ends once the
+    backlog it left is drained.
+    """
+    c = new_dispatcher("sustained", extra={"track_wal_io_timing": "on"})
     try:
         warm_plans(c)
-        c.set_enabled(True)
-        on = pgbench_run(c, SUSTAIN_S, SUSTAIN_TPS)
-        wait_drained(c)
-        backlog_after = 0
-        c.set_enabled(False)
-        c.sql("TRUNCATE outbox.messages")
-        c.sql("VACUUM ANALYZE outbox.messages")
-        off = pgbench_run(c, SUSTAIN_S, SUSTAIN_TPS)
-        res = {"on_avg_ms": on["avg_ms"], "on_p99_ms": on["p99_ms"], "off_avg_ms": off["avg_ms"],
-               "off_p99_ms": off["p99_ms"], "worker_cores": on["worker_cores"],
-               "ratio_avg": on["avg_ms"] / off["avg_ms"], "ratio_p99": on["p99_ms"] / off["p99_ms"],
-               "tps_on": on["tps"], "backlog_after": backlog_after}
-        log("  sustained  app latency avg %.2f / p99 %.2f ms with workers, %.2f / %.2f ms paused (x%.2f avg);"
-            " workers %.2f cores" % (on["avg_ms"], on["p99_ms"], off["avg_ms"], off["p99_ms"],
-                                     res["ratio_avg"], on["worker_cores"]))
+        ons, offs = [], []
+        for _ in range(SUSTAIN_PAIRS):
+            for enabled in (False, True):
+                c.set_enabled(False)
+                c.sql("TRUNCATE outbox.messages")
+                c.sql("VACUUM ANALYZE outbox.messages")
+                c.set_enabled(enabled)
+                r = pgbench_run(c, SUSTAIN_S, SUSTAIN_TPS)
+                if enabled:
+                    wait_drained(c)
+                    ons.append(r)
+                else:
+                    offs.append(r)
+        med = lambda rs, k: statistics.median(x[k] for x in rs)
+        res = {"on_avg_ms": med(ons, "avg_ms"), "on_p99_ms": med(ons, "p99_ms"),
+               "off_avg_ms": med(offs, "avg_ms"), "off_p99_ms": med(offs, "p99_ms"),
+               "worker_cores": med(ons, "worker_cores"),
+               "ratio_avg": statistics.median(a["avg_ms"] / b["avg_ms"] for a, b in zip(ons, offs)),
+               "ratio_p99": statistics.median(a["p99_ms"] / b["p99_ms"] for a, b in zip(ons, offs)),
+               "tps_on": med(ons, "tps"),
+               "on_sync_ms": med(ons, "sync_ms"), "off_sync_ms": med(offs, "sync_ms"),
+               "on_kb_per_sync": med(ons, "kb_per_sync"), "off_kb_per_sync": med(offs, "kb_per_sync")}
+        log("  sustained  app latency avg %.2f / p99 %.2f ms with workers, %.2f / %.2f ms paused (x%.2f avg,"
+            " median of %d alternating pairs: %s); workers %.2f cores"
+            % (res["on_avg_ms"], res["on_p99_ms"], res["off_avg_ms"], res["off_p99_ms"], res["ratio_avg"],
+               len(ons), " ".join("%.2f" % (a["avg_ms"] / b["avg_ms"]) for a, b in zip(ons, offs)),
+               res["worker_cores"]))
+        log("             WAL flushes: %.2f ms / %.1f kB each with workers, %.2f ms / %.1f kB paused"
+            % (res["on_sync_ms"], res["on_kb_per_sync"], res["off_sync_ms"], res["off_kb_per_sync"]))
         return res
     finally:
         c.destroy()
@@ -480,7 +521,7 @@ def main():
     for k, v in runs.items():
         results[k] = summary(v)
     meta = {"cores": os.cpu_count(), "postgresql": version, "runs": RUNS, "n": N_FRESH, "n_backlog": N_BACKLOG,
-            "n_retained": N_RETAINED, "sustain_s": SUSTAIN_S, "sustain_tps": SUSTAIN_TPS,
+            "n_retained": N_RETAINED, "sustain_s": SUSTAIN_S, "sustain_pairs": SUSTAIN_PAIRS, "sustain_tps": SUSTAIN_TPS,
             "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t_start)}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
@@ -503,6 +544,10 @@ ROWS = [
     ("sustained_off_p99_ms", "application tx latency p99, workers paused", "ms", "%.2f"),
     ("sustained_ratio_avg", "application latency avg, delivering / paused", "x", "%.2f"),
     ("sustained_worker_cores", "worker CPU at %(tps)s msg/s", "cores", "%.2f"),
+    ("sustained_on_sync_ms", "WAL flush (fsync) time, workers delivering", "ms", "%.2f"),
+    ("sustained_off_sync_ms", "WAL flush (fsync) time, workers paused", "ms", "%.2f"),
+    ("sustained_on_kb_per_sync", "WAL per flush, workers delivering", "kB", "%.1f"),
+    ("sustained_off_kb_per_sync", "WAL per flush, workers paused", "kB", "%.1f"),
     ("idle_p50_ms", "idle commit -> arrival p50", "ms", "%.2f"),
     ("idle_p99_ms", "idle commit -> arrival p99", "ms", "%.2f"),
     ("idle_start_p50_ms", "idle producer statement start -> arrival p50 (its commit's WAL flush included)", "ms", "%.2f"),

@@ -33,7 +33,7 @@ chown -R postgres "$WORK"
 su postgres -s /bin/bash -c "cd '$WORK' && OD_BENCH_WORK='$WORK' OD_BENCH_SRC='$WORK/src' OUT='$WORK/out' \
     RUNS='${RUNS:-3}' SCENARIOS='${SCENARIOS:-fresh,backlog,retained,sustained,idle,scaling}' \
     N='${N:-50000}' N_BACKLOG='${N_BACKLOG:-100000}' N_RETAINED='${N_RETAINED:-1000000}' \
-    SUSTAIN_S='${SUSTAIN_S:-20}' SUSTAIN_TPS='${SUSTAIN_TPS:-500}' \
+    SUSTAIN_S='${SUSTAIN_S:-10}' SUSTAIN_PAIRS='${SUSTAIN_PAIRS:-3}' SUSTAIN_TPS='${SUSTAIN_TPS:-500}' \
     PATH='$(pg_config --bindir):/usr/sbin:/usr/bin:/bin' /usr/bin/python3 '$WORK/src/test/bench/bench.py'"
 mkdir -p "$OUT_DIR"
 cp "$WORK"/out/* "$OUT_DIR"/
