@@ -40,6 +40,7 @@
 #include "outbox_dispatcher.h"
 #include "pg_compat.h"
 #include "core/dispatcher.hpp"
+#include "core/schedule.hpp"
 #include "core/signing.hpp"
 #include "core/validate.hpp"
 
@@ -145,6 +146,22 @@ static bool             places_released = false;  /* a request finished: a quota
 static bool             claim_quota_full = false; /* the last claim took every place its quotas allowed */
 
 #define FLUSH_AFTER_MS 2
+
+/*
+ * The loop's own deadlines and reasons to claim.  File-level rather than
+ * locals of od_worker_main: the error recovery after sigsetjmp changes them.
+ */
+typedef struct LoopSchedule
+{
+    TimestampTz next_poll;          /* the fallback poll */
+    TimestampTz next_refresh;       /* reload of the endpoints; 0 = at once */
+    TimestampTz next_purge;         /* worker 0's retention purge */
+    TimestampTz backoff_until;      /* after an error: no claim or finalize before */
+    bool        woken;              /* the latch was set since the last claim */
+    bool        last_claim_full;    /* the last claim took all it asked for */
+} LoopSchedule;
+
+static LoopSchedule sched = {0, 0, 0, 0, true, false};
 
 /* ---------------------------------------------------------------- registration */
 
@@ -722,6 +739,36 @@ static int
 pipeline_size(void)
 {
     return (pipeline_cap > 0 && pipeline_cap < od_batch_size) ? pipeline_cap : od_batch_size;
+}
+
+/* What the schedule (core/schedule.hpp) decides from, as of now. */
+static od::WorkerCycle
+observe(TimestampTz now)
+{
+    od::WorkerCycle c;
+
+    c.now = now;
+    c.installed = ext_ready;
+    c.active = ext_ready && od_enabled && !got_sigterm;
+    c.backoff_until = sched.backoff_until;
+    c.pipeline = pipeline_size();
+    /* everything we hold is still 'processing': queued, in flight, or
+     * finished but not yet finalized */
+    c.held = (int) (disp->outstanding() + disp->outcomes().size());
+    c.woken = sched.woken;
+    c.last_claim_full = sched.last_claim_full;
+    c.next_poll = sched.next_poll;
+    c.next_quota = next_quota_at;
+    c.places_released = places_released;
+    c.claim_quota_full = claim_quota_full;
+    c.results = (int) disp->outcomes().size();
+    c.in_flight = (int) disp->in_flight();
+    c.oldest_result = oldest_outcome_at;
+    c.flush_after_us = (int64) FLUSH_AFTER_MS * 1000;
+    c.next_refresh = sched.next_refresh;
+    c.purges = worker_index == 0 && ext_ready && od_retention_s > 0;
+    c.next_purge = sched.next_purge;
+    return c;
 }
 
 typedef struct ClaimRow
@@ -1331,12 +1378,6 @@ extern "C" void
 od_worker_main(Datum arg)
 {
     sigjmp_buf  local_sigjmp_buf;
-    TimestampTz next_poll = 0;
-    TimestampTz next_refresh = 0;
-    TimestampTz next_purge = 0;
-    TimestampTz retry_not_before = 0;
-    bool        woken = true;
-    bool        last_claim_full = false;
 
     worker_index = DatumGetInt32(arg);
     if (IsBinaryUpgrade)
@@ -1420,16 +1461,15 @@ od_worker_main(Datum arg)
         pgstat_report_activity(STATE_IDLE, NULL);
         RESUME_INTERRUPTS();
         /* back off one second before the next claim or finalize */
-        retry_not_before = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 1000);
-        next_refresh = 0;
+        sched.backoff_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 1000);
+        sched.next_refresh = 0;
     }
     PG_exception_stack = &local_sigjmp_buf;
 
     for (;;)
     {
         TimestampTz now;
-        long        timeout = -1;
-        int         batch;
+        long        timeout;
 
         MemoryContextSwitchTo(cycle_ctx);
         MemoryContextReset(cycle_ctx);
@@ -1441,45 +1481,37 @@ od_worker_main(Datum arg)
             ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
             apply_settings();
-            next_refresh = 0;
-            woken = true;
+            sched.next_refresh = 0;
+            sched.woken = true;
         }
 
         now = GetCurrentTimestamp();
         pg_atomic_fetch_add_u64(&slot->cycles, 1);
         if (endpoints_stale)
-            next_refresh = 0;   /* a slot we referenced changed hands */
-        /* a wake while the extension is missing may mean CREATE EXTENSION just committed */
-        if (now >= retry_not_before && (now >= next_refresh || (woken && !ext_ready)))
+            sched.next_refresh = 0;   /* a slot we referenced changed hands */
+        if (od::refresh_now(observe(now)))
         {
             refresh_endpoints();
-            next_refresh = TimestampTzPlusMilliseconds(now, od_poll_interval_ms);
+            sched.next_refresh = TimestampTzPlusMilliseconds(now, od_poll_interval_ms);
         }
 
         /* claim when there is room and a reason to look */
-        batch = pipeline_size();
-        if (ext_ready && od_enabled && now >= retry_not_before && !got_sigterm)
         {
-            /* everything we hold is still 'processing': queued, in flight, or
-             * finished but not yet finalized */
-            int outstanding = (int) (disp->outstanding() + disp->outcomes().size());
-            int room = batch - outstanding;
+            int room = od::claim_now(observe(now));
 
-            if (room >= Max(1, batch / 2) &&
-                (woken || last_claim_full || now >= next_poll || (next_quota_at != 0 && now >= next_quota_at) ||
-                 (places_released && claim_quota_full)))
+            if (room > 0)
             {
                 int n;
 
-                woken = false;
+                sched.woken = false;
                 n = do_claim(room, !disp->outcomes().empty());
-                last_claim_full = (n == room) || claim_quota_full;
-                if (n > 0 && last_claim_full)
+                sched.last_claim_full = (n == room) || claim_quota_full;
+                if (n > 0 && sched.last_claim_full)
                     od_wake_idle_peer(worker_index);    /* there may be more: share it */
-                next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
+                sched.next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
             }
         }
-        else if (ext_ready && !od_enabled)
+        if (ext_ready && !od_enabled)
             set_state(OD_STATE_PAUSED);
 
         now = GetCurrentTimestamp();
@@ -1487,33 +1519,21 @@ od_worker_main(Datum arg)
             disp->pump(unix_seconds(now));
         pg_atomic_write_u32(&slot->in_flight, (uint32) disp->in_flight());
 
-        /*
-         * finalize: half a batch ready, results waiting FLUSH_AFTER_MS, or
-         * nothing left in flight while no claim can come to share the
-         * transaction (a claim within FLUSH_AFTER_MS finalizes them first,
-         * in its own transaction: under a steady trickle of commits one
-         * transaction per cycle instead of two)
-         */
-        if (!disp->outcomes().empty() && now >= retry_not_before)
-        {
-            bool claims = ext_ready && od_enabled && !got_sigterm;
-
-            if (oldest_outcome_at == 0)
-                oldest_outcome_at = now;
-            if ((int) disp->outcomes().size() >= Max(1, batch / 2) || (disp->in_flight() == 0 && !claims) ||
-                now >= TimestampTzPlusMilliseconds(oldest_outcome_at, FLUSH_AFTER_MS))
-                do_finalize();
-        }
+        /* finalize (in its own transaction) when the schedule says so */
+        if (!disp->outcomes().empty() && now >= sched.backoff_until && oldest_outcome_at == 0)
+            oldest_outcome_at = now;
+        if (od::finalize_now(observe(now)))
+            do_finalize();
 
         /* retention: worker 0 purges old done rows in small batches */
-        if (worker_index == 0 && ext_ready && od_retention_s > 0 && now >= next_purge && now >= retry_not_before)
+        if (od::purge_now(observe(now)))
         {
             uint64 purged;
 
             begin_tx("purging done messages");
             purged = od_purge((int64) od_retention_s * USECS_PER_SEC, 1000);
             end_tx();
-            next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), purged == 1000 ? 100 : 10000);
+            sched.next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), purged == 1000 ? 100 : 10000);
         }
 
         /* how long may we sleep? */
@@ -1524,23 +1544,7 @@ od_worker_main(Datum arg)
             set_state(OD_STATE_IDLE);
         else if (ext_ready)
             set_state(OD_STATE_PAUSED);     /* not "finalizing" while it sleeps after a finalize */
-        {
-            bool can_claim = ext_ready && od_enabled &&
-                (pipeline_size() - (int) (disp->outstanding() + disp->outcomes().size())) >= Max(1, pipeline_size() / 2);
-            TimestampTz until = next_refresh;
-
-            if (can_claim)
-                until = Min(until, last_claim_full ? now : next_poll);
-            if (can_claim && next_quota_at != 0)
-                until = Min(until, next_quota_at);
-            if (!disp->outcomes().empty())
-                until = Min(until, TimestampTzPlusMilliseconds(oldest_outcome_at, FLUSH_AFTER_MS));
-            if (worker_index == 0 && ext_ready && od_retention_s > 0)
-                until = Min(until, next_purge);
-            if (now < retry_not_before)
-                until = Max(until, retry_not_before);
-            timeout = until <= now ? 0 : (long) ((until - now + 999) / 1000);
-        }
+        timeout = od::wait_ms(now, od::next_wakeup(observe(now)));
 
         /*
          * idle: nothing queued or in flight — wakes may pick us alone (results
@@ -1556,7 +1560,7 @@ od_worker_main(Datum arg)
             pg_atomic_write_u32(&slot->idle, 1);
         }
         if (wait_for_events(timeout))
-            woken = true;
+            sched.woken = true;
         pg_atomic_write_u32(&slot->idle, 0);
         CHECK_FOR_INTERRUPTS();
         disp->collect(unix_seconds(GetCurrentTimestamp()));

@@ -1,0 +1,61 @@
+/*
+ * core/schedule.cpp — the worker's schedule (see schedule.hpp).
+ */
+#include "core/schedule.hpp"
+
+namespace od {
+
+namespace {
+
+int half_pipeline(const WorkerCycle &c) noexcept {
+    int half = c.pipeline / 2;
+    return half < 1 ? 1 : half;
+}
+
+bool backing_off(const WorkerCycle &c) noexcept { return c.now < c.backoff_until; }
+
+int64_t least(int64_t a, int64_t b) noexcept { return a < b ? a : b; }
+
+}  // namespace
+
+bool has_claim_room(const WorkerCycle &c) noexcept { return c.pipeline - c.held >= half_pipeline(c); }
+
+int claim_now(const WorkerCycle &c) noexcept {
+    if (!c.active || backing_off(c) || !has_claim_room(c)) return 0;
+    bool reason = c.woken || c.last_claim_full || c.now >= c.next_poll ||
+                  (c.next_quota != 0 && c.now >= c.next_quota) || (c.places_released && c.claim_quota_full);
+    return reason ? c.pipeline - c.held : 0;
+}
+
+bool finalize_now(const WorkerCycle &c) noexcept {
+    if (c.results <= 0 || backing_off(c)) return false;
+    return c.results >= half_pipeline(c) || (c.in_flight == 0 && !c.active) ||
+           c.now >= c.oldest_result + c.flush_after_us;
+}
+
+bool refresh_now(const WorkerCycle &c) noexcept {
+    return !backing_off(c) && (c.now >= c.next_refresh || (c.woken && !c.installed));
+}
+
+bool purge_now(const WorkerCycle &c) noexcept { return c.purges && !backing_off(c) && c.now >= c.next_purge; }
+
+int64_t next_wakeup(const WorkerCycle &c) noexcept {
+    bool can_claim = c.active && has_claim_room(c);
+    int64_t until = c.next_refresh;
+
+    if (can_claim) until = least(until, c.last_claim_full ? c.now : c.next_poll);
+    if (can_claim && c.next_quota != 0) until = least(until, c.next_quota);
+    if (c.results > 0) until = least(until, c.oldest_result + c.flush_after_us);
+    if (c.purges) until = least(until, c.next_purge);
+    if (backing_off(c) && until < c.backoff_until) until = c.backoff_until;
+    return until;
+}
+
+long wait_ms(int64_t now, int64_t until) noexcept {
+    const int64_t cap = 0x7fffffffL;
+    if (until <= now) return 0;
+    if (now >= 0 ? until - now > cap * 1000 : until > now + cap * 1000) return static_cast<long>(cap);
+    return static_cast<long>((until - now + 999) / 1000);
+}
+
+}  // namespace od

@@ -1,0 +1,88 @@
+/*
+ * core/schedule.hpp — what a dispatcher worker does next: claim now? finalize
+ * now? sleep until when?
+ *
+ * The worker loop (worker.cpp) fills a WorkerCycle from its state at each
+ * decision point and asks these functions; they hold every rule of the
+ * schedule, so that the rules are unit-tested without a backend.  Times are
+ * microseconds on the database's clock (TimestampTz values pass unchanged);
+ * 0 means "no such deadline" wherever the field says so.
+ *
+ * The rules:
+ *  - Claim only with room for at least half of what the worker may hold
+ *    (a claim for a few rows costs almost as much as one for a batch), and
+ *    only with a reason: a wake (a commit, a reload), the last claim came
+ *    back full (there may be more), the fallback poll is due, a refused
+ *    reservation may succeed now, or a request finished while the last
+ *    claim had taken every place its quotas allowed.
+ *  - Finalize when half a batch of results is waiting, when the oldest
+ *    result has waited flush_after_us (a claim within that time finalizes
+ *    them in its own transaction), or when nothing is in flight and no
+ *    claim can come to share the transaction.
+ *  - Nothing is reloaded, claimed, finalized or purged before backoff_until
+ *    (an error); the sleep deadline is the least of the named deadlines,
+ *    but never before backoff_until.
+ */
+#pragma once
+
+#include <cstdint>
+
+namespace od {
+
+struct WorkerCycle {
+    int64_t now = 0;
+    /* the extension is installed in the worker's database */
+    bool installed = false;
+    /* installed, delivery is enabled, and no stop was asked */
+    bool active = false;
+    /* no claim or finalize before this (after an error); 0 = none */
+    int64_t backoff_until = 0;
+
+    /* messages worth holding at once, and those held now: queued, in
+     * flight, or finished and not yet finalized (all still 'processing') */
+    int pipeline = 0;
+    int held = 0;
+
+    /* reasons to claim */
+    bool woken = false;              /* the latch was set since the last claim */
+    bool last_claim_full = false;    /* the last claim took all it asked for */
+    int64_t next_poll = 0;           /* the fallback poll */
+    int64_t next_quota = 0;          /* a refused reservation may succeed then; 0 = none */
+    bool places_released = false;    /* a request finished since the last claim */
+    bool claim_quota_full = false;   /* the last claim took every place its quotas allowed */
+
+    /* results waiting to be finalized */
+    int results = 0;
+    int in_flight = 0;
+    int64_t oldest_result = 0;       /* when the oldest was noted; 0 = not yet (due at once) */
+    int64_t flush_after_us = 2000;
+
+    /* other deadlines */
+    int64_t next_refresh = 0;        /* reload of the endpoints */
+    bool purges = false;             /* this worker runs the retention purge */
+    int64_t next_purge = 0;
+};
+
+/* Room for a claim: at least half of what the worker may hold (at least 1). */
+bool has_claim_room(const WorkerCycle &c) noexcept;
+
+/* Rows to ask for if a claim is due now, else 0. */
+int claim_now(const WorkerCycle &c) noexcept;
+
+/* Whether the waiting results are finalized now (in a transaction of their own). */
+bool finalize_now(const WorkerCycle &c) noexcept;
+
+/* Whether the endpoints are reloaded now (a wake while the extension is
+ * missing may mean CREATE EXTENSION just committed). */
+bool refresh_now(const WorkerCycle &c) noexcept;
+
+/* Whether the retention purge runs now. */
+bool purge_now(const WorkerCycle &c) noexcept;
+
+/* The time to wake up at when nothing else happens first (may be <= now). */
+int64_t next_wakeup(const WorkerCycle &c) noexcept;
+
+/* Milliseconds to wait until `until` from `now`, rounded up; 0 if it has passed. */
+long wait_ms(int64_t now, int64_t until) noexcept;
+
+}  // namespace od

@@ -1,0 +1,223 @@
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "core/schedule.hpp"
+
+namespace {
+
+const int64_t MS = 1000;
+const int64_t S = 1000 * MS;
+const int64_t NOW = 1700000000LL * S;
+
+/* an active worker holding nothing, with no reason to claim and nothing due */
+od::WorkerCycle quiet() {
+    od::WorkerCycle c;
+    c.now = NOW;
+    c.installed = true;
+    c.active = true;
+    c.pipeline = 100;
+    c.held = 0;
+    c.next_poll = NOW + 1 * S;
+    c.next_refresh = NOW + 1 * S;
+    return c;
+}
+
+TEST(Schedule, NoReasonNoClaim) {
+    EXPECT_EQ(od::claim_now(quiet()), 0);
+}
+
+TEST(Schedule, EveryReasonToClaim) {
+    od::WorkerCycle c = quiet();
+    c.woken = true;
+    EXPECT_EQ(od::claim_now(c), 100);
+
+    c = quiet();
+    c.last_claim_full = true;
+    EXPECT_EQ(od::claim_now(c), 100);
+
+    c = quiet();
+    c.next_poll = NOW;
+    EXPECT_EQ(od::claim_now(c), 100);
+
+    c = quiet();
+    c.next_quota = NOW - 1;
+    EXPECT_EQ(od::claim_now(c), 100);
+    c.next_quota = NOW + 1;
+    EXPECT_EQ(od::claim_now(c), 0);
+
+    c = quiet();
+    c.places_released = true;   // a request finished ...
+    EXPECT_EQ(od::claim_now(c), 0);
+    c.claim_quota_full = true;  // ... while the quotas had no place left
+    EXPECT_EQ(od::claim_now(c), 100);
+}
+
+TEST(Schedule, ClaimOnlyWithRoomForHalfThePipeline) {
+    od::WorkerCycle c = quiet();
+    c.woken = true;
+    c.held = 50;
+    EXPECT_EQ(od::claim_now(c), 50);
+    EXPECT_TRUE(od::has_claim_room(c));
+    c.held = 51;
+    EXPECT_EQ(od::claim_now(c), 0);
+    EXPECT_FALSE(od::has_claim_room(c));
+
+    // a pipeline of one message still claims one at a time
+    c.pipeline = 1;
+    c.held = 0;
+    EXPECT_EQ(od::claim_now(c), 1);
+    c.held = 1;
+    EXPECT_EQ(od::claim_now(c), 0);
+}
+
+TEST(Schedule, NoClaimWhileInactiveOrBackingOff) {
+    od::WorkerCycle c = quiet();
+    c.woken = true;
+    c.active = false;
+    EXPECT_EQ(od::claim_now(c), 0);
+
+    c.active = true;
+    c.backoff_until = NOW + 1;
+    EXPECT_EQ(od::claim_now(c), 0);
+    c.backoff_until = NOW;
+    EXPECT_EQ(od::claim_now(c), 100);
+}
+
+TEST(Schedule, FinalizeHalfABatchAtOnce) {
+    od::WorkerCycle c = quiet();
+    c.results = 49;
+    c.in_flight = 10;
+    c.oldest_result = NOW;
+    EXPECT_FALSE(od::finalize_now(c));
+    c.results = 50;
+    EXPECT_TRUE(od::finalize_now(c));
+}
+
+TEST(Schedule, FinalizeAfterTheFlushDelay) {
+    od::WorkerCycle c = quiet();
+    c.results = 1;
+    c.in_flight = 10;
+    c.oldest_result = NOW - 2 * MS + 1;
+    EXPECT_FALSE(od::finalize_now(c));
+    c.oldest_result = NOW - 2 * MS;
+    EXPECT_TRUE(od::finalize_now(c));
+}
+
+TEST(Schedule, ResultsWaitForTheNextClaimUnlessNoneCanCome) {
+    od::WorkerCycle c = quiet();
+    c.results = 1;
+    c.in_flight = 0;
+    c.oldest_result = NOW;
+    EXPECT_FALSE(od::finalize_now(c));     // a claim may come and take them along
+    c.active = false;                      // paused or stopping: none will
+    EXPECT_TRUE(od::finalize_now(c));
+}
+
+TEST(Schedule, NothingToFinalizeOrBackingOff) {
+    od::WorkerCycle c = quiet();
+    c.active = false;
+    EXPECT_FALSE(od::finalize_now(c));
+    c.results = 80;
+    c.oldest_result = NOW - 1 * S;
+    c.backoff_until = NOW + 1;
+    EXPECT_FALSE(od::finalize_now(c));
+}
+
+TEST(Schedule, RefreshWhenDueOrWokenWhileNotInstalled) {
+    od::WorkerCycle c = quiet();
+    EXPECT_FALSE(od::refresh_now(c));
+    c.next_refresh = NOW;
+    EXPECT_TRUE(od::refresh_now(c));
+
+    c = quiet();
+    c.woken = true;
+    EXPECT_FALSE(od::refresh_now(c));      // installed: a wake is a commit, not CREATE EXTENSION
+    c.installed = false;
+    EXPECT_TRUE(od::refresh_now(c));
+    c.backoff_until = NOW + 1;
+    EXPECT_FALSE(od::refresh_now(c));
+}
+
+TEST(Schedule, PurgeOnlyOnThePurgingWorkerWhenDue) {
+    od::WorkerCycle c = quiet();
+    c.next_purge = NOW;
+    EXPECT_FALSE(od::purge_now(c));
+    c.purges = true;
+    EXPECT_TRUE(od::purge_now(c));
+    c.next_purge = NOW + 1;
+    EXPECT_FALSE(od::purge_now(c));
+    c.next_purge = NOW;
+    c.backoff_until = NOW + 1;
+    EXPECT_FALSE(od::purge_now(c));
+}
+
+TEST(Schedule, WakeupIsTheLeastDeadline) {
+    od::WorkerCycle c = quiet();
+    c.next_refresh = NOW + 900 * MS;
+    c.next_poll = NOW + 800 * MS;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 800 * MS);
+
+    c.next_quota = NOW + 300 * MS;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 300 * MS);
+
+    c.purges = true;
+    c.next_purge = NOW + 200 * MS;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 200 * MS);
+
+    c.results = 1;
+    c.oldest_result = NOW - 1 * MS;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * MS);
+}
+
+TEST(Schedule, AFullClaimClaimsAgainAtOnce) {
+    od::WorkerCycle c = quiet();
+    c.last_claim_full = true;
+    EXPECT_EQ(od::next_wakeup(c), NOW);
+    EXPECT_EQ(od::wait_ms(c.now, od::next_wakeup(c)), 0);
+}
+
+TEST(Schedule, WithoutRoomThePollAndQuotaDoNotWake) {
+    od::WorkerCycle c = quiet();
+    c.held = 60;
+    c.last_claim_full = true;
+    c.next_poll = NOW + 10 * MS;
+    c.next_quota = NOW + 20 * MS;
+    c.next_refresh = NOW + 1 * S;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);  // the engine's sockets wake it when requests finish
+    c.held = 0;
+    c.active = false;                             // paused: only the reload
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);
+}
+
+TEST(Schedule, ResultsNotYetNotedAreDueAtOnce) {
+    od::WorkerCycle c = quiet();
+    c.results = 3;
+    c.oldest_result = 0;
+    EXPECT_LE(od::next_wakeup(c), NOW);
+}
+
+TEST(Schedule, NeverWakeBeforeTheBackoffEnds) {
+    od::WorkerCycle c = quiet();
+    c.last_claim_full = true;
+    c.results = 5;
+    c.oldest_result = 0;
+    c.backoff_until = NOW + 1 * S;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);
+    // a later deadline stays later
+    c = quiet();
+    c.backoff_until = NOW + 100 * MS;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);
+}
+
+TEST(Schedule, WaitRoundsUpAndSaturates) {
+    EXPECT_EQ(od::wait_ms(NOW, NOW - 5), 0);
+    EXPECT_EQ(od::wait_ms(NOW, NOW), 0);
+    EXPECT_EQ(od::wait_ms(NOW, NOW + 1), 1);
+    EXPECT_EQ(od::wait_ms(NOW, NOW + 1000), 1);
+    EXPECT_EQ(od::wait_ms(NOW, NOW + 1001), 2);
+    EXPECT_EQ(od::wait_ms(0, INT64_MAX), 0x7fffffffL);
+}
+
+}  // namespace
