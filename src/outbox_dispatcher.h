@@ -27,6 +27,8 @@ extern "C" {
 #include "utils/timestamp.h"
 }
 
+#include "core/outcome.hpp"
+
 /* The library's version: the newest schema it serves, and the User-Agent. */
 #define OD_LIBRARY_VERSION "0.2.2"
 
@@ -200,24 +202,24 @@ extern int64 od_interval_us(const Interval *iv);
 
 /* ---------------------------------------------------------------- transitions (transitions.cpp) */
 
-/* Result kinds of one delivery, as written by od_finalize(). */
-typedef enum OdVerdict
-{
-    OD_DONE,            /* processing -> done */
-    OD_RETRY,           /* processing -> pending after delay */
-    OD_DEAD,            /* processing -> dead */
-    OD_DEFER            /* processing -> pending after delay, attempt refunded;
-                         * dead once the message is older than max_defer_age */
-} OdVerdict;
+/*
+ * One delivery's result, as written by od_finalize(); the verdict is
+ * od::Verdict (core/outcome.hpp):
+ *   Done   processing -> done
+ *   Retry  processing -> pending after delay_us (attempt refunded if refund)
+ *   Dead   processing -> dead
+ *   Defer  processing -> pending after delay_us, attempt refunded; dead once
+ *          the message is older than max_defer_age
+ */
 
 typedef struct OdFinalize
 {
     int64       id;
     int64       lease_version;
     TimestampTz lease_until;    /* the claim's lease deadline, part of the fence; 0 = not checked */
-    OdVerdict   verdict;
-    int64       delay_us;       /* OD_RETRY: delay before the next attempt */
-    bool        refund;         /* OD_RETRY: give the attempt back */
+    od::Verdict verdict;
+    int64       delay_us;       /* Retry, Defer: delay before the next attempt */
+    bool        refund;         /* Retry: give the attempt back */
     const char *error;          /* NULL for none; copied by od_finalize */
     int         http_status;    /* 0 for none */
     bool        applied;        /* out: false = lease lost (fenced) */

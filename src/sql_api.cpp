@@ -226,7 +226,7 @@ od_mark_done_sql(PG_FUNCTION_ARGS)
     OdFinalize  item;
 
     fence_args(fcinfo, &item);
-    item.verdict = OD_DONE;
+    item.verdict = od::Verdict::Done;
     item.http_status = http_status_arg(fcinfo, 2);
     PG_RETURN_BOOL(finalize_one(&item));
 }
@@ -237,7 +237,7 @@ od_reschedule_sql(PG_FUNCTION_ARGS)
     OdFinalize  item;
 
     fence_args(fcinfo, &item);
-    item.verdict = OD_RETRY;
+    item.verdict = od::Verdict::Retry;
     item.delay_us = positive_interval_arg(fcinfo, 2, "delay", true);
     item.error = PG_ARGISNULL(3) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(3));
     item.refund = !PG_ARGISNULL(4) && PG_GETARG_BOOL(4);
@@ -252,7 +252,7 @@ od_mark_dead_sql(PG_FUNCTION_ARGS)
 
     fence_args(fcinfo, &item);
     require_nonempty_text(fcinfo, 2, "error");
-    item.verdict = OD_DEAD;
+    item.verdict = od::Verdict::Dead;
     item.error = text_to_cstring(PG_GETARG_TEXT_PP(2));
     item.http_status = http_status_arg(fcinfo, 3);
     PG_RETURN_BOOL(finalize_one(&item));

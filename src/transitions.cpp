@@ -477,7 +477,6 @@ od_finalize(OdFinalize *items, int n)
     static const Oid types[9] = {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,
                                  TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, INTERVALOID,
                                  TIMESTAMPTZARRAYOID};
-    static const char *const status_name[] = {"done", "retry", "dead", "defer"};
     Datum      *ids, *vers, *statuses, *delays, *errors, *https, *refunds, *untils;
     bool       *err_nulls, *http_nulls, *until_nulls;
     Datum       args[9];
@@ -507,13 +506,13 @@ od_finalize(OdFinalize *items, int n)
 
         ids[i] = Int64GetDatum(it->id);
         vers[i] = Int64GetDatum(it->lease_version);
-        statuses[i] = CStringGetTextDatum(status_name[it->verdict]);
-        delays[i] = us_to_interval((it->verdict == OD_RETRY || it->verdict == OD_DEFER) ? it->delay_us : 0);
+        statuses[i] = CStringGetTextDatum(od::verdict_name(it->verdict));
+        delays[i] = us_to_interval((it->verdict == od::Verdict::Retry || it->verdict == od::Verdict::Defer) ? it->delay_us : 0);
         err_nulls[i] = (it->error == nullptr);
         errors[i] = it->error ? CStringGetTextDatum(it->error) : (Datum) 0;
         http_nulls[i] = (it->http_status == 0);
         https[i] = Int32GetDatum(it->http_status);
-        refunds[i] = BoolGetDatum(it->verdict == OD_DEFER || (it->verdict == OD_RETRY && it->refund));
+        refunds[i] = BoolGetDatum(it->verdict == od::Verdict::Defer || (it->verdict == od::Verdict::Retry && it->refund));
         untils[i] = TimestampTzGetDatum(it->lease_until);
         until_nulls[i] = (it->lease_until == 0);
     }
@@ -552,7 +551,7 @@ od_finalize(OdFinalize *items, int n)
                 pg_atomic_fetch_add_u64(&od_shared->lost_leases, 1);
             ereport(LOG,
                     (errmsg("outbox_dispatcher: lost lease on message %lld (lease_version %lld); result \"%s\" discarded",
-                            (long long) it->id, (long long) it->lease_version, status_name[it->verdict]),
+                            (long long) it->id, (long long) it->lease_version, od::verdict_name(it->verdict)),
                      errdetail("Another claim took the message over, or it is no longer processing.")));
         }
     }

@@ -976,7 +976,7 @@ do_claim(int capacity, bool with_finalize)
                 items[k].id = rows[i].id;
                 items[k].lease_version = rows[i].lease_version;
                 items[k].lease_until = rows[i].lease_until;
-                items[k].verdict = OD_DEAD;
+                items[k].verdict = od::Verdict::Dead;
                 items[k].error = rows[i].reject;
                 k++;
             }
@@ -1174,13 +1174,7 @@ finalize_prepare(FinalizeBatch *fb)
         it->id = o.id;
         it->lease_version = o.lease_version;
         it->lease_until = o.lease_until_us;
-        switch (o.verdict)
-        {
-            case od::Verdict::Done: it->verdict = OD_DONE; break;
-            case od::Verdict::Retry: it->verdict = OD_RETRY; break;
-            case od::Verdict::Defer: it->verdict = OD_DEFER; break;
-            case od::Verdict::Dead: it->verdict = OD_DEAD; break;
-        }
+        it->verdict = o.verdict;
         it->delay_us = o.delay_ms * 1000;
         it->refund = o.refund;
         it->error = o.error[0] ? MemoryContextStrdup(cycle_ctx, o.error) : nullptr;
@@ -1193,7 +1187,7 @@ finalize_prepare(FinalizeBatch *fb)
          */
         if (o.http_status == 410 && o.endpoint_tag >= 0)
         {
-            it->verdict = OD_RETRY;
+            it->verdict = od::Verdict::Retry;
             it->refund = true;
             it->delay_us = (int64) od_defer_delay_ms * 1000;
             it->error = "HTTP 410 Gone: the endpoint was disabled";
@@ -1259,12 +1253,12 @@ finalize_done(FinalizeBatch *fb)
         }
         switch (it->verdict)
         {
-            case OD_DONE: pg_atomic_fetch_add_u64(&slot->delivered, 1); break;
-            case OD_RETRY: pg_atomic_fetch_add_u64(&slot->retried, 1); break;
-            case OD_DEFER: pg_atomic_fetch_add_u64(&slot->deferred, 1); break;
-            case OD_DEAD: pg_atomic_fetch_add_u64(&slot->dead, 1); break;
+            case od::Verdict::Done: pg_atomic_fetch_add_u64(&slot->delivered, 1); break;
+            case od::Verdict::Retry: pg_atomic_fetch_add_u64(&slot->retried, 1); break;
+            case od::Verdict::Defer: pg_atomic_fetch_add_u64(&slot->deferred, 1); break;
+            case od::Verdict::Dead: pg_atomic_fetch_add_u64(&slot->dead, 1); break;
         }
-        if (it->verdict != OD_DONE && it->error)
+        if (it->verdict != od::Verdict::Done && it->error)
             record_error(it->error);
     }
     outs.clear();

@@ -544,4 +544,14 @@ Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, 
     return o;
 }
 
+const char *verdict_name(Verdict v) noexcept {
+    switch (v) {
+        case Verdict::Done: return "done";
+        case Verdict::Retry: return "retry";
+        case Verdict::Defer: return "defer";
+        case Verdict::Dead: return "dead";
+    }
+    return "dead";
+}
+
 }  // namespace od

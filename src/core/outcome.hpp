@@ -24,7 +24,11 @@
 
 namespace od {
 
+/* What the finalize does with a message (the one list of verdicts). */
 enum class Verdict { Done, Retry, Defer, Dead };
+
+/* The name the finalize statement receives: "done", "retry", "defer", "dead". */
+const char *verdict_name(Verdict v) noexcept;
 
 struct BackoffPolicy {
     int64_t base_ms;

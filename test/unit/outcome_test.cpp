@@ -722,3 +722,11 @@ TEST(RetryAfter, NamesAreCaseInsensitive) {
 }
 
 }  // namespace
+
+TEST(Verdict, NamesAreWhatTheFinalizeStatementReads) {
+    // the finalize maps these names to statuses (transitions.cpp SQL_FINALIZE)
+    EXPECT_STREQ(od::verdict_name(od::Verdict::Done), "done");
+    EXPECT_STREQ(od::verdict_name(od::Verdict::Retry), "retry");
+    EXPECT_STREQ(od::verdict_name(od::Verdict::Defer), "defer");
+    EXPECT_STREQ(od::verdict_name(od::Verdict::Dead), "dead");
+}
