@@ -350,13 +350,11 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, OdEndpointRes
                    double latency_ms, const char *error, bool probe, TimestampTz now)
 {
     OdEndpointSlot *e = slot_of(ref);
-    uint64      us = latency_ms <= 0 ? 0 : (uint64) (latency_ms * 1000.0);
-    int         b = 0;
+    uint64      us = od::latency_us(latency_ms);
+    int         b = od::latency_bucket(us);
 
     if (e == nullptr)
         return;
-    while (b < OD_LATENCY_BUCKETS - 1 && us >= (UINT64CONST(1) << b))
-        b++;
 
     SpinLockAcquire(&e->mutex);
     if (!current(e, ref))

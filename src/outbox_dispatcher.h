@@ -27,6 +27,7 @@ extern "C" {
 #include "utils/timestamp.h"
 }
 
+#include "core/histogram.hpp"
 #include "core/outcome.hpp"
 
 /* The library's version: the newest schema it serves, and the User-Agent. */
@@ -56,7 +57,8 @@ extern char *od_ca_file;
 
 /* ---------------------------------------------------------------- shared memory (module.cpp) */
 #define OD_MAX_WORKERS 64
-#define OD_LATENCY_BUCKETS 32       /* bucket b counts latencies < 2^b microseconds */
+#define OD_LATENCY_BUCKETS 32       /* core/histogram.hpp: bucket b counts < 2^b microseconds */
+static_assert(OD_LATENCY_BUCKETS == od::kLatencyBuckets, "one histogram layout");
 
 typedef enum OdWorkerState
 {

@@ -3,9 +3,9 @@
  * shared memory without locks (counters are atomics; last_error is copied
  * under the slot's spinlock).
  *
- * Latency percentiles come from a power-of-two histogram (bucket b counts
- * requests faster than 2^b microseconds), so p50/p99 are upper bounds with
- * at most 2x resolution; avg and max are exact.
+ * Latency percentiles come from the power-of-two histogram of
+ * core/histogram.hpp, so p50/p99 are upper bounds with at most 2x
+ * resolution; avg and max are exact.
  */
 #include "outbox_dispatcher.h"
 
@@ -24,18 +24,7 @@ static const char *const state_names[] = {"stopped", "starting", "idle", "claimi
 static double
 percentile_ms(const uint64 *buckets, uint64 total, double q)
 {
-    uint64 target = (uint64) (q * (double) total);
-    uint64 seen = 0;
-
-    if (total == 0)
-        return 0;
-    for (int b = 0; b < OD_LATENCY_BUCKETS; b++)
-    {
-        seen += buckets[b];
-        if (seen > target)
-            return (double) (UINT64CONST(1) << b) / 1000.0;
-    }
-    return (double) (UINT64CONST(1) << (OD_LATENCY_BUCKETS - 1)) / 1000.0;
+    return od::latency_percentile_ms(buckets, total, q);
 }
 
 extern "C" Datum

@@ -1132,12 +1132,9 @@ process_new_outcomes(void)
 static void
 note_latency(double ms)
 {
-    uint64 us = ms <= 0 ? 0 : (uint64) (ms * 1000.0);
-    int    b = 0;
+    uint64 us = od::latency_us(ms);
 
-    while (b < OD_LATENCY_BUCKETS - 1 && us >= (UINT64CONST(1) << b))
-        b++;
-    pg_atomic_fetch_add_u64(&slot->latency_buckets[b], 1);
+    pg_atomic_fetch_add_u64(&slot->latency_buckets[od::latency_bucket(us)], 1);
     pg_atomic_fetch_add_u64(&slot->latency_count, 1);
     pg_atomic_fetch_add_u64(&slot->latency_sum_us, us);
     if (us > pg_atomic_read_u64(&slot->latency_max_us))
