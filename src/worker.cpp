@@ -78,19 +78,6 @@ PGDLLEXPORT void od_worker_main(Datum arg);
 
 static volatile sig_atomic_t got_sigterm = false;
 
-static int            worker_index = -1;
-static OdWorkerSlot  *slot = nullptr;
-static od::Dispatcher *disp = nullptr;
-static MemoryContext  cycle_ctx = nullptr;
-static char          *lease_owner = nullptr;
-static WaitEventSet  *wait_set = nullptr;
-static bool           ext_ready = false;
-static bool           ext_missing_logged = false;
-static TimestampTz    oldest_outcome_at = 0;
-static int            schema_version = 0;       /* 100 = 0.1.0, 200 = 0.2.0, 201 = 0.2.1, 202 = 0.2.2 */
-static char           *ext_idle_reason = nullptr; /* why the installed extension is not served */
-static char           *ext_idle_hint = nullptr;
-
 /*
  * The endpoints this worker serves (enabled ones, refreshed every
  * poll_interval), with their shared-memory slot reference and limits.
@@ -127,23 +114,7 @@ typedef struct PendingReservation
     bool             probe;
 } PendingReservation;
 
-static MemoryContext    endpoint_ctx = nullptr;
-static WorkerEndpoint  *wendpoints = nullptr;
-static int              n_wendpoints = 0;
-static int              pipeline_cap = 0;         /* messages worth holding at once; 0 = batch_size */
 static int              claim_share(const WorkerEndpoint *w);
-static bool             endpoints_stale = false;  /* a slot changed hands: refresh */
-static SlotHold        *holds = nullptr;
-static int              n_holds = 0;
-static PendingReservation *pending = nullptr;     /* in cycle_ctx, n_pending entries */
-static int              n_pending = 0;
-static int              claim_rotation = 0;
-static TimestampTz      next_quota_at = 0;      /* a refused reservation may succeed then */
-static size_t           outcomes_seen = 0;
-static bool             stats_pending = false;      /* committed since the last forced stats flush */
-static size_t           transfer_budget = 0;        /* transfers at once (file descriptors); 0 = no cap */
-static bool             places_released = false;  /* a request finished: a quota may have room again */
-static bool             claim_quota_full = false; /* the last claim took every place its quotas allowed */
 
 #define FLUSH_AFTER_MS 2
 
@@ -161,7 +132,57 @@ typedef struct LoopSchedule
     bool        last_claim_full;    /* the last claim took all it asked for */
 } LoopSchedule;
 
-static LoopSchedule sched = {0, 0, 0, 0, true, false};
+/*
+ * All of this process's state, in one place.  A file-level variable (not a
+ * local of od_worker_main) because the error recovery after sigsetjmp
+ * reads and changes it.
+ */
+typedef struct OdWorker
+{
+    /* who we are */
+    int             worker_index;
+    OdWorkerSlot   *slot;               /* our slot in shared memory */
+    char           *lease_owner;        /* "worker-<n>/pid-<pid>", written into leases */
+
+    /* what we run on */
+    od::Dispatcher *disp;               /* the HTTP side: queues, requests in flight, outcomes */
+    MemoryContext   cycle_ctx;          /* reset at the top of every loop iteration */
+    WaitEventSet   *wait_set;           /* latch, postmaster death and the engine's sockets */
+    size_t          transfer_budget;    /* transfers at once (file descriptors); 0 = no cap */
+
+    /* the installed extension */
+    bool            ext_ready;          /* installed, a schema we serve, and we may use it */
+    bool            ext_missing_logged;
+    int             schema_version;     /* 100 = 0.1.0, 200 = 0.2.0, 201 = 0.2.1, 202 = 0.2.2 */
+    char           *ext_idle_reason;    /* why the installed extension is not served */
+    char           *ext_idle_hint;
+
+    /* the endpoints we serve (enabled ones, refreshed every poll_interval) */
+    MemoryContext   endpoint_ctx;
+    WorkerEndpoint *wendpoints;
+    int             n_wendpoints;
+    int             pipeline_cap;       /* messages worth holding at once; 0 = batch_size */
+    bool            endpoints_stale;    /* a slot changed hands: refresh */
+
+    /* the ledger: places held in the shared endpoint slots */
+    SlotHold       *holds;              /* indexed by slot, n_holds = max_endpoints */
+    int             n_holds;
+    PendingReservation *pending;        /* the claim in progress (in cycle_ctx), n_pending entries */
+    int             n_pending;
+    int             claim_rotation;     /* which endpoint a claim asks first */
+    TimestampTz     next_quota_at;      /* a refused reservation may succeed then; 0 = none */
+    bool            places_released;    /* a request finished: a quota may have room again */
+    bool            claim_quota_full;   /* the last claim took every place its quotas allowed */
+
+    /* results waiting to be finalized */
+    TimestampTz     oldest_outcome_at;  /* 0 = not noted yet */
+    size_t          outcomes_seen;
+    bool            stats_pending;      /* committed since the last forced statistics flush */
+
+    LoopSchedule    sched;
+} OdWorker;
+
+static OdWorker W;
 
 /* ---------------------------------------------------------------- registration */
 
@@ -232,45 +253,45 @@ raise_fd_limit(void)
 static void
 set_state(OdWorkerState st)
 {
-    pg_atomic_write_u32(&slot->state, (uint32) st);
+    pg_atomic_write_u32(&W.slot->state, (uint32) st);
 }
 
 static void
 record_error(const char *msg)
 {
-    SpinLockAcquire(&slot->mutex);
-    strlcpy(slot->last_error, msg, sizeof(slot->last_error));
-    slot->last_error_at = GetCurrentTimestamp();
-    SpinLockRelease(&slot->mutex);
+    SpinLockAcquire(&W.slot->mutex);
+    strlcpy(W.slot->last_error, msg, sizeof(W.slot->last_error));
+    W.slot->last_error_at = GetCurrentTimestamp();
+    SpinLockRelease(&W.slot->mutex);
 }
 
 static void
 release_pending_reservation(void)
 {
-    for (int i = 0; i < n_pending; i++)
-        od_endpoint_unreserve(pending[i].ref, pending[i].count, pending[i].probe);
-    n_pending = 0;
+    for (int i = 0; i < W.n_pending; i++)
+        od_endpoint_unreserve(W.pending[i].ref, W.pending[i].count, W.pending[i].probe);
+    W.n_pending = 0;
 }
 
 static void
 od_worker_exit(int code, Datum arg)
 {
     release_pending_reservation();
-    for (int i = 0; i < n_holds; i++)
+    for (int i = 0; i < W.n_holds; i++)
     {
-        if (holds[i].held > 0)
-            od_endpoint_release(holds[i].ref, holds[i].held);
-        if (holds[i].probe_id != 0)
-            od_endpoint_unreserve(holds[i].ref, 0, true);
-        holds[i].held = 0;
-        holds[i].probe_id = 0;
+        if (W.holds[i].held > 0)
+            od_endpoint_release(W.holds[i].ref, W.holds[i].held);
+        if (W.holds[i].probe_id != 0)
+            od_endpoint_unreserve(W.holds[i].ref, 0, true);
+        W.holds[i].held = 0;
+        W.holds[i].probe_id = 0;
     }
-    if (slot)
+    if (W.slot)
     {
-        slot->latch = nullptr;
-        slot->pid = 0;
+        W.slot->latch = nullptr;
+        W.slot->pid = 0;
         set_state(OD_STATE_STOPPED);
-        pg_atomic_write_u32(&slot->in_flight, 0);
+        pg_atomic_write_u32(&W.slot->in_flight, 0);
     }
 }
 
@@ -310,9 +331,9 @@ end_tx(void)
      * for sure when the worker goes idle (see the main loop).
      */
     pgstat_report_stat(false);
-    stats_pending = true;
+    W.stats_pending = true;
     pgstat_report_activity(STATE_IDLE, NULL);
-    MemoryContextSwitchTo(cycle_ctx);
+    MemoryContextSwitchTo(W.cycle_ctx);
 }
 
 /* "Name: value\n..." for a jsonb object of strings (validated on write). */
@@ -428,10 +449,10 @@ apply_settings(void)
     s.backoff.cap_ms = od_backoff_cap_ms;
     s.defer_delay_ms = od_defer_delay_ms;
     s.max_retry_after_s = Max((int64) od_backoff_cap_ms / 1000, (int64) od_max_defer_age_s);
-    s.max_transfers = transfer_budget;
+    s.max_transfers = W.transfer_budget;
     /* what one worker can have in flight: every request keeps its connection */
     s.pool_connections = (size_t) od_batch_size * 2;
-    disp->set_settings(s);
+    W.disp->set_settings(s);
 }
 
 /* ---------------------------------------------------------------- endpoints */
@@ -474,7 +495,7 @@ load_endpoint(const EndpointRow *r) noexcept
         e.timeout_ms = (long) r->timeout_ms;
         e.max_in_flight = r->max_in_flight;
         e.defer_statuses.assign(r->defer, r->defer + r->ndefer);
-        disp->add_endpoint(e);
+        W.disp->add_endpoint(e);
     }
     catch (...)
     {
@@ -526,40 +547,40 @@ check_extension(void)
     rc = SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'", true, 1);
     if (rc != SPI_OK_SELECT)
         elog(ERROR, "outbox_dispatcher: reading pg_extension failed: %s", SPI_result_code_string(rc));
-    ext_ready = false;
-    ext_idle_reason = nullptr;
-    ext_idle_hint = nullptr;
+    W.ext_ready = false;
+    W.ext_idle_reason = nullptr;
+    W.ext_idle_hint = nullptr;
     if (SPI_processed == 0)
         return;
     /* the reasons outlive the transaction: they are logged after it */
-    old = MemoryContextSwitchTo(cycle_ctx);
+    old = MemoryContextSwitchTo(W.cycle_ctx);
     version = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-    schema_version = parse_version(version);
+    W.schema_version = parse_version(version);
     admin = get_role_oid("outbox_admin", true);
     if (GetDatabaseEncoding() != PG_UTF8)
     {
-        ext_idle_reason = psprintf("database \"%s\" has encoding %s; outbox_dispatcher needs UTF8 "
+        W.ext_idle_reason = psprintf("database \"%s\" has encoding %s; outbox_dispatcher needs UTF8 "
                                    "(JSON bodies and signed headers go out as UTF-8)",
                                    od_database, GetDatabaseEncodingName());
-        ext_idle_hint = pstrdup("Install the extension in a UTF8 database.");
+        W.ext_idle_hint = pstrdup("Install the extension in a UTF8 database.");
     }
-    else if (schema_version == 0)
+    else if (W.schema_version == 0)
     {
-        ext_idle_reason = psprintf("extension version \"%s\" is not served by this library (%s)",
+        W.ext_idle_reason = psprintf("extension version \"%s\" is not served by this library (%s)",
                                    version, OD_LIBRARY_VERSION);
-        ext_idle_hint = pstrdup("Install the library that matches the extension version, or run ALTER EXTENSION outbox_dispatcher UPDATE.");
+        W.ext_idle_hint = pstrdup("Install the library that matches the extension version, or run ALTER EXTENSION outbox_dispatcher UPDATE.");
     }
     else if (!superuser() && (!OidIsValid(admin) || !has_privs_of_role(GetUserId(), admin)))
     {
         /* say it once, instead of a permission error every second */
         const char *me = GetUserNameFromId(GetUserId(), false);
 
-        ext_idle_reason = psprintf("role \"%s\" (outbox_dispatcher.role) does not have the privileges of outbox_admin", me);
-        ext_idle_hint = psprintf("Run GRANT outbox_admin TO %s; the workers start delivering within poll_interval.",
+        W.ext_idle_reason = psprintf("role \"%s\" (outbox_dispatcher.role) does not have the privileges of outbox_admin", me);
+        W.ext_idle_hint = psprintf("Run GRANT outbox_admin TO %s; the workers start delivering within poll_interval.",
                                  quote_identifier(me));
     }
     else
-        ext_ready = true;
+        W.ext_ready = true;
     MemoryContextSwitchTo(old);
 }
 
@@ -573,22 +594,22 @@ refresh_endpoints(void)
 
     begin_tx("loading endpoints");
     check_extension();
-    installed = ext_ready || ext_idle_reason != nullptr;
-    if (ext_ready)
+    installed = W.ext_ready || W.ext_idle_reason != nullptr;
+    if (W.ext_ready)
     {
-        rc = SPI_execute(schema_version >= 201 ? SQL_ENDPOINTS_V021
-                         : schema_version >= 200 ? SQL_ENDPOINTS_V020 : SQL_ENDPOINTS_V010, true, 0);
+        rc = SPI_execute(W.schema_version >= 201 ? SQL_ENDPOINTS_V021
+                         : W.schema_version >= 200 ? SQL_ENDPOINTS_V020 : SQL_ENDPOINTS_V010, true, 0);
         if (rc != SPI_OK_SELECT)
             elog(ERROR, "outbox_dispatcher: loading endpoints failed: %s", SPI_result_code_string(rc));
         nrows = (int) SPI_processed;
-        rows = (EndpointRow *) MemoryContextAllocZero(cycle_ctx, sizeof(EndpointRow) * (nrows + 1));
+        rows = (EndpointRow *) MemoryContextAllocZero(W.cycle_ctx, sizeof(EndpointRow) * (nrows + 1));
         for (int i = 0; i < nrows; i++)
         {
             HeapTuple     tup = SPI_tuptable->vals[i];
             TupleDesc     desc = SPI_tuptable->tupdesc;
             bool          isnull;
             Datum         d;
-            MemoryContext old = MemoryContextSwitchTo(cycle_ctx);
+            MemoryContext old = MemoryContextSwitchTo(W.cycle_ctx);
 
             rows[i].relid = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
             rows[i].name = SPI_getvalue(tup, desc, 3);
@@ -634,31 +655,31 @@ refresh_endpoints(void)
     }
     end_tx();
 
-    if (!ext_ready)
+    if (!W.ext_ready)
     {
-        if (!ext_missing_logged)
+        if (!W.ext_missing_logged)
         {
             if (installed)
                 ereport(WARNING,
-                        (errmsg("outbox_dispatcher: not delivering: %s", ext_idle_reason),
-                         errhint("%s", ext_idle_hint)));
+                        (errmsg("outbox_dispatcher: not delivering: %s", W.ext_idle_reason),
+                         errhint("%s", W.ext_idle_hint)));
             else
                 ereport(LOG,
                         (errmsg("outbox_dispatcher: extension is not installed in database \"%s\"; waiting", od_database),
                          errhint("Run CREATE EXTENSION outbox_dispatcher in that database.")));
         }
-        ext_missing_logged = true;
+        W.ext_missing_logged = true;
         return;
     }
-    ext_missing_logged = false;
-    disp->begin_endpoints();
+    W.ext_missing_logged = false;
+    W.disp->begin_endpoints();
     for (int i = 0; i < nrows; i++)
         load_endpoint(&rows[i]);
-    disp->end_endpoints();
+    W.disp->end_endpoints();
 
     /* the shared-state slots and limits of the endpoints we serve */
     {
-        int64      *keep = (int64 *) MemoryContextAllocZero(cycle_ctx, sizeof(int64) * (nrows + 1));
+        int64      *keep = (int64 *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int64) * (nrows + 1));
         int         unserved = 0;
         StringInfoData names;
         uint32      before;
@@ -666,12 +687,12 @@ refresh_endpoints(void)
         initStringInfo(&names);
         for (int i = 0; i < nrows; i++)
             keep[i] = rows[i].id;
-        MemoryContextReset(endpoint_ctx);
-        wendpoints = (WorkerEndpoint *) MemoryContextAllocZero(endpoint_ctx, sizeof(WorkerEndpoint) * (nrows + 1));
-        n_wendpoints = 0;
+        MemoryContextReset(W.endpoint_ctx);
+        W.wendpoints = (WorkerEndpoint *) MemoryContextAllocZero(W.endpoint_ctx, sizeof(WorkerEndpoint) * (nrows + 1));
+        W.n_wendpoints = 0;
         for (int i = 0; i < nrows; i++)
         {
-            WorkerEndpoint *w = &wendpoints[n_wendpoints];
+            WorkerEndpoint *w = &W.wendpoints[W.n_wendpoints];
 
             if (!od_endpoint_acquire(rows[i].relid, rows[i].id, rows[i].name, keep, nrows, &w->ref))
             {
@@ -680,21 +701,21 @@ refresh_endpoints(void)
                 unserved++;
                 continue;
             }
-            w->name = MemoryContextStrdup(endpoint_ctx, rows[i].name);
+            w->name = MemoryContextStrdup(W.endpoint_ctx, rows[i].name);
             w->id = rows[i].id;
             w->lim.max_in_flight = rows[i].max_in_flight;
             w->lim.rate_limit = rows[i].rate_limit;
             w->lim.breaker_threshold = rows[i].breaker_threshold;
             w->lim.breaker_cooldown_us = rows[i].breaker_cooldown_ms * 1000;
-            n_wendpoints++;
+            W.n_wendpoints++;
         }
-        endpoints_stale = false;
+        W.endpoints_stale = false;
         {
             int64 cap = 0;
 
-            for (int i = 0; i < n_wendpoints; i++)
-                cap = Min((int64) INT_MAX, cap + claim_share(&wendpoints[i]));
-            pipeline_cap = (int) cap;
+            for (int i = 0; i < W.n_wendpoints; i++)
+                cap = Min((int64) INT_MAX, cap + claim_share(&W.wendpoints[i]));
+            W.pipeline_cap = (int) cap;
         }
 
         /* say so once per change, cluster-wide: the worker that changes the count logs it */
@@ -738,7 +759,7 @@ claim_share(const WorkerEndpoint *w)
 static int
 pipeline_size(void)
 {
-    return (pipeline_cap > 0 && pipeline_cap < od_batch_size) ? pipeline_cap : od_batch_size;
+    return (W.pipeline_cap > 0 && W.pipeline_cap < od_batch_size) ? W.pipeline_cap : od_batch_size;
 }
 
 /* What the schedule (core/schedule.hpp) decides from, as of now. */
@@ -748,26 +769,26 @@ observe(TimestampTz now)
     od::WorkerCycle c;
 
     c.now = now;
-    c.installed = ext_ready;
-    c.active = ext_ready && od_enabled && !got_sigterm;
-    c.backoff_until = sched.backoff_until;
+    c.installed = W.ext_ready;
+    c.active = W.ext_ready && od_enabled && !got_sigterm;
+    c.backoff_until = W.sched.backoff_until;
     c.pipeline = pipeline_size();
     /* everything we hold is still 'processing': queued, in flight, or
      * finished but not yet finalized */
-    c.held = (int) (disp->outstanding() + disp->outcomes().size());
-    c.woken = sched.woken;
-    c.last_claim_full = sched.last_claim_full;
-    c.next_poll = sched.next_poll;
-    c.next_quota = next_quota_at;
-    c.places_released = places_released;
-    c.claim_quota_full = claim_quota_full;
-    c.results = (int) disp->outcomes().size();
-    c.in_flight = (int) disp->in_flight();
-    c.oldest_result = oldest_outcome_at;
+    c.held = (int) (W.disp->outstanding() + W.disp->outcomes().size());
+    c.woken = W.sched.woken;
+    c.last_claim_full = W.sched.last_claim_full;
+    c.next_poll = W.sched.next_poll;
+    c.next_quota = W.next_quota_at;
+    c.places_released = W.places_released;
+    c.claim_quota_full = W.claim_quota_full;
+    c.results = (int) W.disp->outcomes().size();
+    c.in_flight = (int) W.disp->in_flight();
+    c.oldest_result = W.oldest_outcome_at;
     c.flush_after_us = (int64) FLUSH_AFTER_MS * 1000;
-    c.next_refresh = sched.next_refresh;
-    c.purges = worker_index == 0 && ext_ready && od_retention_s > 0;
-    c.next_purge = sched.next_purge;
+    c.next_refresh = W.sched.next_refresh;
+    c.purges = W.worker_index == 0 && W.ext_ready && od_retention_s > 0;
+    c.next_purge = W.sched.next_purge;
     return c;
 }
 
@@ -807,7 +828,7 @@ queue_claimed(const ClaimRow *r) noexcept
         split_lines(r->headers, m.header_lines);
         m.created_at_unix_us = r->created_at_us;
         m.endpoint_tag = r->endpoint_slot;
-        return disp->add(std::move(m));
+        return W.disp->add(std::move(m));
     }
     catch (...)
     {
@@ -863,7 +884,7 @@ do_claim(int capacity, bool with_finalize)
     int         *got;
     int         *quota_of;
     int         *slot_of_quota;
-    int          m = n_wendpoints;
+    int          m = W.n_wendpoints;
     int          n_rejected = 0;
     bool         check_leases;
     bool         any_quota = false;
@@ -873,17 +894,17 @@ do_claim(int capacity, bool with_finalize)
     bool         fin = with_finalize && finalize_prepare(&fb);
 
     now = GetCurrentTimestamp();
-    names = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * (m + 1));
-    quotas = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
-    takeover = (bool *) MemoryContextAllocZero(cycle_ctx, sizeof(bool) * (m + 1));
-    got = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
-    slot_of_quota = (int *) MemoryContextAllocZero(cycle_ctx, sizeof(int) * (m + 1));
-    pending = (PendingReservation *) MemoryContextAllocZero(cycle_ctx, sizeof(PendingReservation) * (m + 1));
-    next_quota_at = 0;
-    n_pending = 0;
+    names = (const char **) MemoryContextAllocZero(W.cycle_ctx, sizeof(char *) * (m + 1));
+    quotas = (int *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int) * (m + 1));
+    takeover = (bool *) MemoryContextAllocZero(W.cycle_ctx, sizeof(bool) * (m + 1));
+    got = (int *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int) * (m + 1));
+    slot_of_quota = (int *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int) * (m + 1));
+    W.pending = (PendingReservation *) MemoryContextAllocZero(W.cycle_ctx, sizeof(PendingReservation) * (m + 1));
+    W.next_quota_at = 0;
+    W.n_pending = 0;
     for (int k = 0; k < m; k++)
     {
-        WorkerEndpoint *w = &wendpoints[(claim_rotation + k) % m];
+        WorkerEndpoint *w = &W.wendpoints[(W.claim_rotation + k) % m];
         bool            probe;
         bool            stale;
         TimestampTz     retry_at;
@@ -894,20 +915,20 @@ do_claim(int capacity, bool with_finalize)
 
         names[k] = w->name;
         if (stale)
-            endpoints_stale = true;
+            W.endpoints_stale = true;
         /* 0 still lets the endpoint's expired leases be taken over; -1 (breaker open, or stale) does not */
         quotas[k] = (stale || (q == 0 && !probe && od_endpoint_breaker_open(w->ref))) ? -1 : q;
         takeover[k] = !probe && quotas[k] >= 0;
-        if (q == 0 && retry_at != 0 && (next_quota_at == 0 || retry_at < next_quota_at))
-            next_quota_at = retry_at;
-        pending[n_pending].ref = w->ref;
-        pending[n_pending].count = q;
-        pending[n_pending].probe = probe;
-        pending[n_pending].lim = w->lim;
-        n_pending++;
+        if (q == 0 && retry_at != 0 && (W.next_quota_at == 0 || retry_at < W.next_quota_at))
+            W.next_quota_at = retry_at;
+        W.pending[W.n_pending].ref = w->ref;
+        W.pending[W.n_pending].count = q;
+        W.pending[W.n_pending].probe = probe;
+        W.pending[W.n_pending].lim = w->lim;
+        W.n_pending++;
     }
-    claim_rotation = m > 0 ? (claim_rotation + 1) % m : 0;
-    places_released = false;
+    W.claim_rotation = m > 0 ? (W.claim_rotation + 1) % m : 0;
+    W.places_released = false;
     if (m == 0)
     {
         if (fin)
@@ -922,7 +943,7 @@ do_claim(int capacity, bool with_finalize)
     {
         /* nothing to take: no claim at all */
         release_pending_reservation();
-        claim_quota_full = false;
+        W.claim_quota_full = false;
         if (fin)
             finalize_alone(&fb);
         return 0;
@@ -933,18 +954,18 @@ do_claim(int capacity, bool with_finalize)
     begin_tx(fin ? "finalizing deliveries and claiming messages" : "claiming messages");
     if (fin)
         finalize_run(&fb);
-    reaped = od_claim(lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas,
+    reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas,
                       takeover, m,
-                      (check_leases ? OD_CLAIM_CHECK_LEASES : 0) | (schema_version >= 202 ? OD_CLAIM_SCHEMA_V022 : 0));
+                      (check_leases ? OD_CLAIM_CHECK_LEASES : 0) | (W.schema_version >= 202 ? OD_CLAIM_SCHEMA_V022 : 0));
     n = (int) SPI_processed;
-    rows = (ClaimRow *) MemoryContextAllocZero(cycle_ctx, sizeof(ClaimRow) * (n + 1));
+    rows = (ClaimRow *) MemoryContextAllocZero(W.cycle_ctx, sizeof(ClaimRow) * (n + 1));
     for (int i = 0; i < n; i++)
     {
         HeapTuple     tup = SPI_tuptable->vals[i];
         TupleDesc     desc = SPI_tuptable->tupdesc;
         bool          isnull;
         Datum         d;
-        MemoryContext old = MemoryContextSwitchTo(cycle_ctx);
+        MemoryContext old = MemoryContextSwitchTo(W.cycle_ctx);
 
         rows[i].id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
         rows[i].lease_version = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
@@ -967,7 +988,7 @@ do_claim(int capacity, bool with_finalize)
     if (n_rejected > 0)
     {
         /* not sendable: dead at once, with the reason, in the claim's own transaction */
-        OdFinalize *items = (OdFinalize *) MemoryContextAllocZero(cycle_ctx, sizeof(OdFinalize) * n_rejected);
+        OdFinalize *items = (OdFinalize *) MemoryContextAllocZero(W.cycle_ctx, sizeof(OdFinalize) * n_rejected);
         int         k = 0;
 
         for (int i = 0; i < n; i++)
@@ -981,14 +1002,14 @@ do_claim(int capacity, bool with_finalize)
                 k++;
             }
         od_finalize(items, n_rejected);
-        pg_atomic_fetch_add_u64(&slot->dead, n_rejected);
+        pg_atomic_fetch_add_u64(&W.slot->dead, n_rejected);
     }
     end_tx();
     if (fin)
         finalize_done(&fb);
 
     /* settle the reservation: keep what was claimed, return the rest */
-    quota_of = (int *) MemoryContextAlloc(cycle_ctx, sizeof(int) * (n + 1));
+    quota_of = (int *) MemoryContextAlloc(W.cycle_ctx, sizeof(int) * (n + 1));
     for (int i = 0; i < n; i++)
     {
         quota_of[i] = -1;
@@ -1002,27 +1023,27 @@ do_claim(int capacity, bool with_finalize)
     }
     for (int k = 0; k < m; k++)
     {
-        OdEndpointRef ref = pending[k].ref;
+        OdEndpointRef ref = W.pending[k].ref;
         int           q = Max(quotas[k], 0);
         bool          counted = true;
 
         if (got[k] < q)
-            od_endpoint_unreserve(ref, q - got[k], pending[k].probe && got[k] == 0);
+            od_endpoint_unreserve(ref, q - got[k], W.pending[k].probe && got[k] == 0);
         else if (got[k] > q)
             counted = od_endpoint_hold(ref, got[k] - q);    /* expired leases taken over */
         if (!counted)
         {
             /* the slot changed hands meanwhile: these messages go out without shared accounting */
-            endpoints_stale = true;
+            W.endpoints_stale = true;
             od_endpoint_release(ref, q);
         }
-        slot_of_quota[k] = (counted && ref.slot >= 0 && ref.slot < n_holds) ? ref.slot : -1;
+        slot_of_quota[k] = (counted && ref.slot >= 0 && ref.slot < W.n_holds) ? ref.slot : -1;
         if (slot_of_quota[k] >= 0 && got[k] > 0)
         {
-            SlotHold *h = &holds[ref.slot];
+            SlotHold *h = &W.holds[ref.slot];
 
             h->ref = ref;
-            h->lim = pending[k].lim;
+            h->lim = W.pending[k].lim;
             h->held += got[k];
         }
     }
@@ -1031,22 +1052,22 @@ do_claim(int capacity, bool with_finalize)
         int k = quota_of[i];
 
         rows[i].endpoint_slot = k >= 0 ? slot_of_quota[k] : -1;
-        if (k >= 0 && pending[k].probe && rows[i].endpoint_slot >= 0)
-            holds[rows[i].endpoint_slot].probe_id = rows[i].id;
+        if (k >= 0 && W.pending[k].probe && rows[i].endpoint_slot >= 0)
+            W.holds[rows[i].endpoint_slot].probe_id = rows[i].id;
     }
-    n_pending = 0;
+    W.n_pending = 0;
     /* an endpoint used its whole quota: it may have more to claim */
-    claim_quota_full = false;
+    W.claim_quota_full = false;
     for (int k = 0; k < m; k++)
         if (quotas[k] > 0 && got[k] >= quotas[k])
-            claim_quota_full = true;
+            W.claim_quota_full = true;
 
-    pg_atomic_fetch_add_u64(&slot->claimed, n);
-    pg_atomic_fetch_add_u64(&slot->reaped, reaped);
-    pg_atomic_fetch_add_u64(&slot->dead, reaped);
+    pg_atomic_fetch_add_u64(&W.slot->claimed, n);
+    pg_atomic_fetch_add_u64(&W.slot->reaped, reaped);
+    pg_atomic_fetch_add_u64(&W.slot->dead, reaped);
 
     for (int i = 0; i < n && !unknown_endpoint; i++)
-        unknown_endpoint = !rows[i].reject && !disp->has_endpoint(rows[i].endpoint);
+        unknown_endpoint = !rows[i].reject && !W.disp->has_endpoint(rows[i].endpoint);
     if (unknown_endpoint)
         refresh_endpoints();    /* an endpoint created since the last refresh */
     for (int i = 0; i < n; i++)
@@ -1056,7 +1077,7 @@ do_claim(int capacity, bool with_finalize)
             /* already final: give its place back */
             if (rows[i].endpoint_slot >= 0)
             {
-                SlotHold *h = &holds[rows[i].endpoint_slot];
+                SlotHold *h = &W.holds[rows[i].endpoint_slot];
 
                 od_endpoint_release(h->ref, 1);
                 h->held = Max(0, h->held - 1);
@@ -1083,24 +1104,24 @@ do_claim(int capacity, bool with_finalize)
 static void
 process_new_outcomes(void)
 {
-    std::vector<od::DeliveryOutcome> &outs = disp->outcomes();
+    std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
     TimestampTz now = GetCurrentTimestamp();
 
-    for (; outcomes_seen < outs.size(); outcomes_seen++)
+    for (; W.outcomes_seen < outs.size(); W.outcomes_seen++)
     {
-        const od::DeliveryOutcome &o = outs[outcomes_seen];
+        const od::DeliveryOutcome &o = outs[W.outcomes_seen];
         int         s = o.endpoint_tag;
         bool        probe;
         SlotHold   *h;
         OdEndpointResult r;
 
-        if (s < 0 || s >= n_holds)
+        if (s < 0 || s >= W.n_holds)
             continue;
-        h = &holds[s];
+        h = &W.holds[s];
         probe = (h->probe_id != 0 && h->probe_id == o.id);
         if (probe)
             h->probe_id = 0;
-        places_released = true;
+        W.places_released = true;
         if (o.latency_ms < 0 || o.local_failure)
         {
             /* never sent, or failed on our side (released at shutdown, not sendable,
@@ -1134,11 +1155,11 @@ note_latency(double ms)
 {
     uint64 us = od::latency_us(ms);
 
-    pg_atomic_fetch_add_u64(&slot->latency_buckets[od::latency_bucket(us)], 1);
-    pg_atomic_fetch_add_u64(&slot->latency_count, 1);
-    pg_atomic_fetch_add_u64(&slot->latency_sum_us, us);
-    if (us > pg_atomic_read_u64(&slot->latency_max_us))
-        pg_atomic_write_u64(&slot->latency_max_us, us);
+    pg_atomic_fetch_add_u64(&W.slot->latency_buckets[od::latency_bucket(us)], 1);
+    pg_atomic_fetch_add_u64(&W.slot->latency_count, 1);
+    pg_atomic_fetch_add_u64(&W.slot->latency_sum_us, us);
+    if (us > pg_atomic_read_u64(&W.slot->latency_max_us))
+        pg_atomic_write_u64(&W.slot->latency_max_us, us);
 }
 
 /*
@@ -1152,16 +1173,16 @@ note_latency(double ms)
 static bool
 finalize_prepare(FinalizeBatch *fb)
 {
-    std::vector<od::DeliveryOutcome> &outs = disp->outcomes();
+    std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
     int          n = (int) outs.size();
 
     memset(fb, 0, sizeof(*fb));
     if (n == 0)
         return false;
     process_new_outcomes();
-    fb->gone = (const char **) MemoryContextAllocZero(cycle_ctx, sizeof(char *) * n);
-    fb->gone_id = (int64 *) MemoryContextAllocZero(cycle_ctx, sizeof(int64) * n);
-    fb->items = (OdFinalize *) MemoryContextAllocZero(cycle_ctx, sizeof(OdFinalize) * n);
+    fb->gone = (const char **) MemoryContextAllocZero(W.cycle_ctx, sizeof(char *) * n);
+    fb->gone_id = (int64 *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int64) * n);
+    fb->items = (OdFinalize *) MemoryContextAllocZero(W.cycle_ctx, sizeof(OdFinalize) * n);
     fb->n = n;
     for (int i = 0; i < n; i++)
     {
@@ -1174,7 +1195,7 @@ finalize_prepare(FinalizeBatch *fb)
         it->verdict = o.verdict;
         it->delay_us = o.delay_ms * 1000;
         it->refund = o.refund;
-        it->error = o.error[0] ? MemoryContextStrdup(cycle_ctx, o.error) : nullptr;
+        it->error = o.error[0] ? MemoryContextStrdup(W.cycle_ctx, o.error) : nullptr;
         it->http_status = (o.http_status >= 100 && o.http_status <= 599) ? o.http_status : 0;
 
         /*
@@ -1189,11 +1210,11 @@ finalize_prepare(FinalizeBatch *fb)
             it->delay_us = (int64) od_defer_delay_ms * 1000;
             it->error = "HTTP 410 Gone: the endpoint was disabled";
             /* the endpoint is identified by its slot's key, never by a name prefix */
-            for (int k = 0; k < n_wendpoints; k++)
-                if (wendpoints[k].ref.slot == o.endpoint_tag)
+            for (int k = 0; k < W.n_wendpoints; k++)
+                if (W.wendpoints[k].ref.slot == o.endpoint_tag)
                 {
-                    fb->gone[fb->n_gone] = MemoryContextStrdup(cycle_ctx, wendpoints[k].name);
-                    fb->gone_id[fb->n_gone] = wendpoints[k].id;
+                    fb->gone[fb->n_gone] = MemoryContextStrdup(W.cycle_ctx, W.wendpoints[k].name);
+                    fb->gone_id[fb->n_gone] = W.wendpoints[k].id;
                     fb->n_gone++;
                     break;
                 }
@@ -1212,10 +1233,10 @@ finalize_run(FinalizeBatch *fb)
         Datum args[3] = {CStringGetTextDatum(fb->gone[i]),
                          CStringGetTextDatum("HTTP 410 Gone received by the dispatcher"),
                          Int64GetDatum(fb->gone_id[i])};
-        int   rc = SPI_execute_with_args(schema_version >= 201
+        int   rc = SPI_execute_with_args(W.schema_version >= 201
                                          ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
                                            " WHERE id = $3 AND enabled AND $1 IS NOT NULL"
-                                         : schema_version >= 200
+                                         : W.schema_version >= 200
                                          ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
                                            " WHERE name = $1 AND enabled AND $3 IS NOT NULL"
                                          : "UPDATE outbox.endpoints SET enabled = false"
@@ -1235,7 +1256,7 @@ finalize_run(FinalizeBatch *fb)
 static void
 finalize_done(FinalizeBatch *fb)
 {
-    std::vector<od::DeliveryOutcome> &outs = disp->outcomes();
+    std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
 
     for (int i = 0; i < fb->n; i++)
     {
@@ -1245,22 +1266,22 @@ finalize_done(FinalizeBatch *fb)
             note_latency(outs[i].latency_ms);
         if (!it->applied)
         {
-            pg_atomic_fetch_add_u64(&slot->lost_leases, 1);
+            pg_atomic_fetch_add_u64(&W.slot->lost_leases, 1);
             continue;
         }
         switch (it->verdict)
         {
-            case od::Verdict::Done: pg_atomic_fetch_add_u64(&slot->delivered, 1); break;
-            case od::Verdict::Retry: pg_atomic_fetch_add_u64(&slot->retried, 1); break;
-            case od::Verdict::Defer: pg_atomic_fetch_add_u64(&slot->deferred, 1); break;
-            case od::Verdict::Dead: pg_atomic_fetch_add_u64(&slot->dead, 1); break;
+            case od::Verdict::Done: pg_atomic_fetch_add_u64(&W.slot->delivered, 1); break;
+            case od::Verdict::Retry: pg_atomic_fetch_add_u64(&W.slot->retried, 1); break;
+            case od::Verdict::Defer: pg_atomic_fetch_add_u64(&W.slot->deferred, 1); break;
+            case od::Verdict::Dead: pg_atomic_fetch_add_u64(&W.slot->dead, 1); break;
         }
         if (it->verdict != od::Verdict::Done && it->error)
             record_error(it->error);
     }
     outs.clear();
-    outcomes_seen = 0;
-    oldest_outcome_at = 0;
+    W.outcomes_seen = 0;
+    W.oldest_outcome_at = 0;
     memset(fb, 0, sizeof(*fb));
 }
 
@@ -1278,9 +1299,9 @@ do_finalize(void)
 static void
 rebuild_wait_set(void)
 {
-    const std::vector<od::HttpSocket> &socks = disp->engine().sockets();
+    const std::vector<od::HttpSocket> &socks = W.disp->engine().sockets();
 
-    WaitEventSet *old = wait_set;
+    WaitEventSet *old = W.wait_set;
     WaitEventSet *set;
 
     /*
@@ -1297,7 +1318,7 @@ rebuild_wait_set(void)
 
         AddWaitEventToSet(set, ev, s.fd, nullptr, nullptr);
     }
-    wait_set = set;
+    W.wait_set = set;
     if (old)
         FreeWaitEventSet(old);
 }
@@ -1309,21 +1330,21 @@ wait_for_events(long timeout_ms)
     WaitEvent events[64];
     int       nev;
     bool      woken = false;
-    long      curl_ms = disp->engine().timeout_ms();
+    long      curl_ms = W.disp->engine().timeout_ms();
 
     if (curl_ms == 0)
     {
-        disp->engine().on_timeout();
-        curl_ms = disp->engine().timeout_ms();
+        W.disp->engine().on_timeout();
+        curl_ms = W.disp->engine().timeout_ms();
     }
     if (curl_ms >= 0 && (timeout_ms < 0 || curl_ms < timeout_ms))
         timeout_ms = curl_ms;
-    if (disp->engine().completed() > 0)
+    if (W.disp->engine().completed() > 0)
         timeout_ms = 0;     /* transfers finished while being kicked: do not sleep on them */
-    if (disp->engine().sockets_changed() || wait_set == nullptr)
+    if (W.disp->engine().sockets_changed() || W.wait_set == nullptr)
         rebuild_wait_set();
 
-    nev = WaitEventSetWait(wait_set, timeout_ms, events, lengthof(events), PG_WAIT_EXTENSION);
+    nev = WaitEventSetWait(W.wait_set, timeout_ms, events, lengthof(events), PG_WAIT_EXTENSION);
 
     for (int i = 0; i < nev; i++)
     {
@@ -1333,11 +1354,11 @@ wait_for_events(long timeout_ms)
             woken = true;
         }
         else if (events[i].events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
-            disp->engine().on_socket(events[i].fd, (events[i].events & WL_SOCKET_READABLE) != 0,
+            W.disp->engine().on_socket(events[i].fd, (events[i].events & WL_SOCKET_READABLE) != 0,
                                      (events[i].events & WL_SOCKET_WRITEABLE) != 0);
     }
-    if (disp->engine().timeout_ms() == 0)
-        disp->engine().on_timeout();
+    if (W.disp->engine().timeout_ms() == 0)
+        W.disp->engine().on_timeout();
     return woken;
 }
 
@@ -1349,16 +1370,16 @@ shutdown_worker(void)
     TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 1000);
 
     ereport(LOG, (errmsg("outbox_dispatcher worker %d: shutting down with %zu request(s) in flight",
-                         worker_index, disp->in_flight())));
-    while (disp->in_flight() > 0 && GetCurrentTimestamp() < deadline)
+                         W.worker_index, W.disp->in_flight())));
+    while (W.disp->in_flight() > 0 && GetCurrentTimestamp() < deadline)
     {
         wait_for_events(50);
-        disp->collect(unix_seconds(GetCurrentTimestamp()));
+        W.disp->collect(unix_seconds(GetCurrentTimestamp()));
     }
-    disp->abandon(unix_seconds(GetCurrentTimestamp()),
+    W.disp->abandon(unix_seconds(GetCurrentTimestamp()),
                   "worker stopped before delivery finished; released for another worker");
     process_new_outcomes();
-    if (ext_ready)
+    if (W.ext_ready)
         do_finalize();
     proc_exit(1);   /* non-zero: the postmaster restarts us unless it is shutting down */
 }
@@ -1370,25 +1391,26 @@ od_worker_main(Datum arg)
 {
     sigjmp_buf  local_sigjmp_buf;
 
-    worker_index = DatumGetInt32(arg);
+    W.worker_index = DatumGetInt32(arg);
+    W.sched.woken = true;       /* look once at start */
     if (IsBinaryUpgrade)
         proc_exit(0);           /* never registered then; step aside all the same */
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
     pqsignal(SIGTERM, od_sigterm);
     BackgroundWorkerUnblockSignals();
 
-    if (od_shared == nullptr || worker_index < 0 || worker_index >= OD_MAX_WORKERS)
+    if (od_shared == nullptr || W.worker_index < 0 || W.worker_index >= OD_MAX_WORKERS)
         ereport(FATAL, (errmsg("outbox_dispatcher: shared memory is not initialized")));
-    slot = &od_shared->workers[worker_index];
-    slot->pid = MyProcPid;
-    slot->latch = MyLatch;
-    slot->started_at = GetCurrentTimestamp();
+    W.slot = &od_shared->workers[W.worker_index];
+    W.slot->pid = MyProcPid;
+    W.slot->latch = MyLatch;
+    W.slot->started_at = GetCurrentTimestamp();
     set_state(OD_STATE_STARTING);
     before_shmem_exit(od_worker_exit, (Datum) 0);
 
     if (od_role == nullptr || od_role[0] == '\0')
     {
-        if (worker_index == 0)
+        if (W.worker_index == 0)
             ereport(WARNING,
                     (errmsg("outbox_dispatcher: workers run as the bootstrap superuser"),
                      errhint("Set outbox_dispatcher.role to a dedicated role that is a member of outbox_admin.")));
@@ -1414,24 +1436,24 @@ od_worker_main(Datum arg)
     /* plans that statistics cannot degrade (transitions.cpp) */
     od_fix_plan_shapes();
 
-    lease_owner = MemoryContextStrdup(TopMemoryContext,
-                                      psprintf("worker-%d/pid-%d", worker_index, MyProcPid));
-    cycle_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher cycle", ALLOCSET_DEFAULT_SIZES);
-    endpoint_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher endpoints", ALLOCSET_SMALL_SIZES);
-    n_holds = od_shared->max_endpoints;
-    holds = (SlotHold *) MemoryContextAllocZero(TopMemoryContext, sizeof(SlotHold) * n_holds);
-    transfer_budget = raise_fd_limit();
+    W.lease_owner = MemoryContextStrdup(TopMemoryContext,
+                                      psprintf("worker-%d/pid-%d", W.worker_index, MyProcPid));
+    W.cycle_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher cycle", ALLOCSET_DEFAULT_SIZES);
+    W.endpoint_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher endpoints", ALLOCSET_SMALL_SIZES);
+    W.n_holds = od_shared->max_endpoints;
+    W.holds = (SlotHold *) MemoryContextAllocZero(TopMemoryContext, sizeof(SlotHold) * W.n_holds);
+    W.transfer_budget = raise_fd_limit();
 
-    disp = new (std::nothrow) od::Dispatcher();
-    if (disp == nullptr)
+    W.disp = new (std::nothrow) od::Dispatcher();
+    if (W.disp == nullptr)
         ereport(FATAL, (errmsg("outbox_dispatcher: out of memory")));
     {
         od::HttpEngineOptions opts;
 
         opts.ca_file = (od_ca_file && od_ca_file[0]) ? od_ca_file : nullptr;
         opts.user_agent = "outbox_dispatcher/" OD_LIBRARY_VERSION;
-        if (!disp->init(opts, (uint64) MyProcPid * 6364136223846793005ULL ^ (uint64) GetCurrentTimestamp()))
-            ereport(FATAL, (errmsg("outbox_dispatcher: cannot initialize libcurl: %s", disp->last_error())));
+        if (!W.disp->init(opts, (uint64) MyProcPid * 6364136223846793005ULL ^ (uint64) GetCurrentTimestamp()))
+            ereport(FATAL, (errmsg("outbox_dispatcher: cannot initialize libcurl: %s", W.disp->last_error())));
     }
     apply_settings();
 
@@ -1452,8 +1474,8 @@ od_worker_main(Datum arg)
         pgstat_report_activity(STATE_IDLE, NULL);
         RESUME_INTERRUPTS();
         /* back off one second before the next claim or finalize */
-        sched.backoff_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 1000);
-        sched.next_refresh = 0;
+        W.sched.backoff_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 1000);
+        W.sched.next_refresh = 0;
     }
     PG_exception_stack = &local_sigjmp_buf;
 
@@ -1462,8 +1484,8 @@ od_worker_main(Datum arg)
         TimestampTz now;
         long        timeout;
 
-        MemoryContextSwitchTo(cycle_ctx);
-        MemoryContextReset(cycle_ctx);
+        MemoryContextSwitchTo(W.cycle_ctx);
+        MemoryContextReset(W.cycle_ctx);
 
         if (got_sigterm)
             shutdown_worker();
@@ -1472,18 +1494,18 @@ od_worker_main(Datum arg)
             ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
             apply_settings();
-            sched.next_refresh = 0;
-            sched.woken = true;
+            W.sched.next_refresh = 0;
+            W.sched.woken = true;
         }
 
         now = GetCurrentTimestamp();
-        pg_atomic_fetch_add_u64(&slot->cycles, 1);
-        if (endpoints_stale)
-            sched.next_refresh = 0;   /* a slot we referenced changed hands */
+        pg_atomic_fetch_add_u64(&W.slot->cycles, 1);
+        if (W.endpoints_stale)
+            W.sched.next_refresh = 0;   /* a slot we referenced changed hands */
         if (od::refresh_now(observe(now)))
         {
             refresh_endpoints();
-            sched.next_refresh = TimestampTzPlusMilliseconds(now, od_poll_interval_ms);
+            W.sched.next_refresh = TimestampTzPlusMilliseconds(now, od_poll_interval_ms);
         }
 
         /* claim when there is room and a reason to look */
@@ -1494,25 +1516,25 @@ od_worker_main(Datum arg)
             {
                 int n;
 
-                sched.woken = false;
-                n = do_claim(room, !disp->outcomes().empty());
-                sched.last_claim_full = (n == room) || claim_quota_full;
-                if (n > 0 && sched.last_claim_full)
-                    od_wake_idle_peer(worker_index);    /* there may be more: share it */
-                sched.next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
+                W.sched.woken = false;
+                n = do_claim(room, !W.disp->outcomes().empty());
+                W.sched.last_claim_full = (n == room) || W.claim_quota_full;
+                if (n > 0 && W.sched.last_claim_full)
+                    od_wake_idle_peer(W.worker_index);    /* there may be more: share it */
+                W.sched.next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
             }
         }
-        if (ext_ready && !od_enabled)
+        if (W.ext_ready && !od_enabled)
             set_state(OD_STATE_PAUSED);
 
         now = GetCurrentTimestamp();
         if (!got_sigterm)       /* stopping: send nothing new */
-            disp->pump(unix_seconds(now));
-        pg_atomic_write_u32(&slot->in_flight, (uint32) disp->in_flight());
+            W.disp->pump(unix_seconds(now));
+        pg_atomic_write_u32(&W.slot->in_flight, (uint32) W.disp->in_flight());
 
         /* finalize (in its own transaction) when the schedule says so */
-        if (!disp->outcomes().empty() && now >= sched.backoff_until && oldest_outcome_at == 0)
-            oldest_outcome_at = now;
+        if (!W.disp->outcomes().empty() && now >= W.sched.backoff_until && W.oldest_outcome_at == 0)
+            W.oldest_outcome_at = now;
         if (od::finalize_now(observe(now)))
             do_finalize();
 
@@ -1524,16 +1546,16 @@ od_worker_main(Datum arg)
             begin_tx("purging done messages");
             purged = od_purge((int64) od_retention_s * USECS_PER_SEC, 1000);
             end_tx();
-            sched.next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), purged == 1000 ? 100 : 10000);
+            W.sched.next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), purged == 1000 ? 100 : 10000);
         }
 
         /* how long may we sleep? */
         now = GetCurrentTimestamp();
-        if (disp->in_flight() > 0)
+        if (W.disp->in_flight() > 0)
             set_state(OD_STATE_DELIVERING);
         else if (od_enabled)
             set_state(OD_STATE_IDLE);
-        else if (ext_ready)
+        else if (W.ext_ready)
             set_state(OD_STATE_PAUSED);     /* not "finalizing" while it sleeps after a finalize */
         timeout = od::wait_ms(now, od::next_wakeup(observe(now)));
 
@@ -1541,20 +1563,20 @@ od_worker_main(Datum arg)
          * idle: nothing queued or in flight — wakes may pick us alone (results
          * waiting to be finalized go with the claim the wake brings)
          */
-        if (timeout != 0 && disp->outstanding() == 0)
+        if (timeout != 0 && W.disp->outstanding() == 0)
         {
-            if (stats_pending && disp->outcomes().empty())
+            if (W.stats_pending && W.disp->outcomes().empty())
             {
                 pgstat_report_stat(true);   /* going idle: what we changed is visible now */
-                stats_pending = false;
+                W.stats_pending = false;
             }
-            pg_atomic_write_u32(&slot->idle, 1);
+            pg_atomic_write_u32(&W.slot->idle, 1);
         }
         if (wait_for_events(timeout))
-            sched.woken = true;
-        pg_atomic_write_u32(&slot->idle, 0);
+            W.sched.woken = true;
+        pg_atomic_write_u32(&W.slot->idle, 0);
         CHECK_FOR_INTERRUPTS();
-        disp->collect(unix_seconds(GetCurrentTimestamp()));
+        W.disp->collect(unix_seconds(GetCurrentTimestamp()));
         process_new_outcomes();
     }
 }
