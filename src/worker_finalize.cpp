@@ -1,0 +1,222 @@
+/*
+ * worker_finalize.cpp — results of deliveries: endpoint accounting
+ * (breaker, statistics, places given back), then the fenced finalize
+ * (transitions.cpp od_finalize), alone or inside a claim's transaction.
+ * See worker.h.
+ */
+#include "worker.h"
+
+namespace odw {
+
+
+/* a prepared finalize in a transaction of its own */
+void
+finalize_alone(FinalizeBatch *fb)
+{
+    set_state(OD_STATE_FINALIZING);
+    begin_tx("finalizing deliveries");
+    finalize_run(fb);
+    end_tx();
+    finalize_done(fb);
+}
+
+/* ---------------------------------------------------------------- results */
+
+/*
+ * For every outcome not seen yet: release its in-flight place and tell the
+ * endpoint's shared state how it went (breaker, statistics).
+ */
+void
+process_new_outcomes(void)
+{
+    std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
+    TimestampTz now = GetCurrentTimestamp();
+
+    for (; W.outcomes_seen < outs.size(); W.outcomes_seen++)
+    {
+        const od::DeliveryOutcome &o = outs[W.outcomes_seen];
+        int         s = o.endpoint_tag;
+        bool        probe;
+        SlotHold   *h;
+        OdEndpointResult r;
+
+        if (s < 0 || s >= W.n_holds)
+            continue;
+        h = &W.holds[s];
+        probe = (h->probe_id != 0 && h->probe_id == o.id);
+        if (probe)
+            h->probe_id = 0;
+        W.places_released = true;
+        if (o.latency_ms < 0 || o.local_failure)
+        {
+            /* never sent, or failed on our side (released at shutdown, not sendable,
+             * out of file descriptors): not the endpoint's doing */
+            if (probe)
+                od_endpoint_unreserve(h->ref, 0, true);
+        }
+        else
+        {
+            if (o.verdict == od::Verdict::Done)
+                r = OD_RESULT_SUCCESS;
+            else if (o.verdict == od::Verdict::Retry || (o.verdict == od::Verdict::Dead && o.http_status == 0))
+                r = OD_RESULT_FAILURE;      /* retryable, or retries exhausted on a transport error */
+            else if (o.verdict == od::Verdict::Dead && o.http_status >= 500)
+                r = OD_RESULT_FAILURE;      /* retries exhausted on 5xx */
+            else
+                r = OD_RESULT_NEUTRAL;
+            /* before the place is released: a slot with places held is never reclaimed */
+            od_endpoint_result(h->ref, &h->lim, r, o.http_status, o.latency_ms, o.error, probe, now);
+        }
+        od_endpoint_release(h->ref, 1);
+        if (h->held > 0)
+            h->held--;
+    }
+}
+
+/* ---------------------------------------------------------------- finalize */
+
+static void
+note_latency(double ms)
+{
+    uint64 us = od::latency_us(ms);
+
+    pg_atomic_fetch_add_u64(&W.slot->latency_buckets[od::latency_bucket(us)], 1);
+    pg_atomic_fetch_add_u64(&W.slot->latency_count, 1);
+    pg_atomic_fetch_add_u64(&W.slot->latency_sum_us, us);
+    if (us > pg_atomic_read_u64(&W.slot->latency_max_us))
+        pg_atomic_write_u64(&W.slot->latency_max_us, us);
+}
+
+/*
+ * A finalize in three parts, so that it can share the claim's transaction
+ * (do_claim): prepare (the results so far, before any transaction), run
+ * (inside one), done (after its commit: counters, results dropped).  An
+ * ERROR in the transaction leaves the results in place: they are
+ * finalized again.
+ */
+
+bool
+finalize_prepare(FinalizeBatch *fb)
+{
+    std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
+    int          n = (int) outs.size();
+
+    memset(fb, 0, sizeof(*fb));
+    if (n == 0)
+        return false;
+    process_new_outcomes();
+    fb->gone = (const char **) MemoryContextAllocZero(W.cycle_ctx, sizeof(char *) * n);
+    fb->gone_id = (int64 *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int64) * n);
+    fb->items = (OdFinalize *) MemoryContextAllocZero(W.cycle_ctx, sizeof(OdFinalize) * n);
+    fb->n = n;
+    for (int i = 0; i < n; i++)
+    {
+        const od::DeliveryOutcome &o = outs[i];
+        OdFinalize *it = &fb->items[i];
+
+        it->id = o.id;
+        it->lease_version = o.lease_version;
+        it->lease_until = o.lease_until_us;
+        it->verdict = o.verdict;
+        it->delay_us = o.delay_ms * 1000;
+        it->refund = o.refund;
+        it->error = o.error[0] ? MemoryContextStrdup(W.cycle_ctx, o.error) : nullptr;
+        it->http_status = (o.http_status >= 100 && o.http_status <= 599) ? o.http_status : 0;
+
+        /*
+         * 410 Gone: the endpoint says it is gone for good.  Disable it (an
+         * operator re-enables it) and put the message back, attempt refunded,
+         * instead of killing it.
+         */
+        if (o.http_status == 410 && o.endpoint_tag >= 0)
+        {
+            it->verdict = od::Verdict::Retry;
+            it->refund = true;
+            it->delay_us = (int64) od_defer_delay_ms * 1000;
+            it->error = "HTTP 410 Gone: the endpoint was disabled";
+            /* the endpoint is identified by its slot's key, never by a name prefix */
+            for (int k = 0; k < W.n_wendpoints; k++)
+                if (W.wendpoints[k].ref.slot == o.endpoint_tag)
+                {
+                    fb->gone[fb->n_gone] = MemoryContextStrdup(W.cycle_ctx, W.wendpoints[k].name);
+                    fb->gone_id[fb->n_gone] = W.wendpoints[k].id;
+                    fb->n_gone++;
+                    break;
+                }
+        }
+    }
+    return true;
+}
+
+void
+finalize_run(FinalizeBatch *fb)
+{
+    od_finalize(fb->items, fb->n);
+    for (int i = 0; i < fb->n_gone; i++)
+    {
+        Oid   types[3] = {TEXTOID, TEXTOID, INT8OID};
+        Datum args[3] = {CStringGetTextDatum(fb->gone[i]),
+                         CStringGetTextDatum("HTTP 410 Gone received by the dispatcher"),
+                         Int64GetDatum(fb->gone_id[i])};
+        int   rc = SPI_execute_with_args(W.schema_version >= 201
+                                         ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
+                                           " WHERE id = $3 AND enabled AND $1 IS NOT NULL"
+                                         : W.schema_version >= 200
+                                         ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
+                                           " WHERE name = $1 AND enabled AND $3 IS NOT NULL"
+                                         : "UPDATE outbox.endpoints SET enabled = false"
+                                           " WHERE name = $1 AND enabled AND $2 IS NOT NULL AND $3 IS NOT NULL",
+                                         3, types, args, nullptr, false, 0);
+
+        if (rc != SPI_OK_UPDATE)
+            elog(ERROR, "outbox_dispatcher: disabling endpoint \"%s\" failed: %s", fb->gone[i],
+                 SPI_result_code_string(rc));
+        if (SPI_processed > 0)
+            ereport(LOG,
+                    (errmsg("outbox_dispatcher: endpoint \"%s\" answered 410 Gone and was disabled", fb->gone[i]),
+                     errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint('%s').", fb->gone[i])));
+    }
+}
+
+void
+finalize_done(FinalizeBatch *fb)
+{
+    std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
+
+    for (int i = 0; i < fb->n; i++)
+    {
+        const OdFinalize *it = &fb->items[i];
+
+        if (outs[i].latency_ms >= 0)
+            note_latency(outs[i].latency_ms);
+        if (!it->applied)
+        {
+            pg_atomic_fetch_add_u64(&W.slot->lost_leases, 1);
+            continue;
+        }
+        switch (it->verdict)
+        {
+            case od::Verdict::Done: pg_atomic_fetch_add_u64(&W.slot->delivered, 1); break;
+            case od::Verdict::Retry: pg_atomic_fetch_add_u64(&W.slot->retried, 1); break;
+            case od::Verdict::Defer: pg_atomic_fetch_add_u64(&W.slot->deferred, 1); break;
+            case od::Verdict::Dead: pg_atomic_fetch_add_u64(&W.slot->dead, 1); break;
+        }
+        if (it->verdict != od::Verdict::Done && it->error)
+            record_error(it->error);
+    }
+    outs.clear();
+    W.outcomes_seen = 0;
+    W.oldest_outcome_at = 0;
+    memset(fb, 0, sizeof(*fb));
+}
+
+void
+do_finalize(void)
+{
+    FinalizeBatch fb;
+
+    if (finalize_prepare(&fb))
+        finalize_alone(&fb);
+}
+
+}  // namespace odw
