@@ -7,9 +7,9 @@
  * outbox_dispatcher.role and runs one loop:
  *
  *   claim      one short transaction (transitions.cpp od_claim) when there
- *              is room in the pipeline and a reason to look: a commit woke
- *              us (latch), the last claim came back full, or poll_interval
- *              passed.  Rows are copied out and the transaction commits
+ *              is room in the pipeline and a reason to look (the rules are
+ *              core/schedule.cpp): a commit woke us (latch), the last claim
+ *              came back full, or poll_interval passed.  Rows are copied out and the transaction commits
  *              before anything is sent.
  *   deliver    outside any transaction: the Dispatcher (core/dispatcher.cpp)
  *              sends every claimed message concurrently through the libcurl
@@ -27,8 +27,8 @@
  * main function, reported, recorded in the worker's slot, and the loop goes
  * on (unfinalized results are kept and finalized again).  No C++ object
  * with a destructor lives in a frame that can longjmp: the Dispatcher is a
- * heap object reached through a static pointer, and every call into it is
- * noexcept.
+ * heap object reached through the worker's state (W.disp, worker.h), and
+ * every call into it is noexcept.
  *
  * The workers commit with synchronous_commit = off: a claim or finalize lost
  * in a crash is redone after the lease expires (a duplicate, never a loss).
