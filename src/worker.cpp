@@ -9,8 +9,8 @@
  *   claim      one short transaction (transitions.cpp od_claim) when there
  *              is room in the pipeline and a reason to look (the rules are
  *              core/schedule.cpp): a commit woke us (latch), the last claim
- *              came back full, or poll_interval passed.  Rows are copied out and the transaction commits
- *              before anything is sent.
+ *              came back full, or poll_interval passed.  Rows are copied
+ *              out and the transaction commits before anything is sent.
  *   deliver    outside any transaction: the Dispatcher (core/dispatcher.cpp)
  *              sends every claimed message concurrently through the libcurl
  *              multi socket interface.  We wait on curl's sockets, our latch
