@@ -346,7 +346,7 @@ od_endpoint_release(OdEndpointRef ref, int n)
 }
 
 void
-od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, OdEndpointResult r, int http_status,
+od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r, int http_status,
                    double latency_ms, const char *error, bool probe, TimestampTz now)
 {
     OdEndpointSlot *e = slot_of(ref);
@@ -372,7 +372,7 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, OdEndpointRes
         if (us > e->latency_max_us)
             e->latency_max_us = us;
     }
-    if (r == OD_RESULT_SUCCESS)
+    if (r == od::EndpointSignal::Success)
     {
         e->delivered++;
         e->last_success_at = now;
@@ -381,7 +381,7 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, OdEndpointRes
         e->breaker = OD_BREAKER_CLOSED;
         e->probe_taken = false;
     }
-    else if (r == OD_RESULT_FAILURE)
+    else if (r == od::EndpointSignal::Failure)
     {
         e->failed++;
         e->last_failure_at = now;

@@ -29,6 +29,7 @@ extern "C" {
 
 #include "core/histogram.hpp"
 #include "core/outcome.hpp"
+#include "core/policy.hpp"
 
 /* The library's version: the newest schema it serves, and the User-Agent. */
 #define OD_LIBRARY_VERSION "0.2.2"
@@ -338,15 +339,8 @@ extern bool od_endpoint_hold(OdEndpointRef ref, int n);
 /* A request finished (or was abandoned): release its in-flight place. */
 extern void od_endpoint_release(OdEndpointRef ref, int n);
 
-typedef enum OdEndpointResult
-{
-    OD_RESULT_SUCCESS,              /* 2xx */
-    OD_RESULT_FAILURE,              /* retryable: counts towards the breaker */
-    OD_RESULT_NEUTRAL               /* answered, but neither (4xx dead, defer) */
-} OdEndpointResult;
-
-/* Record one result: statistics and breaker transitions. */
-extern void od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, OdEndpointResult r,
+/* Record one result (its breaker signal: core/policy.hpp): statistics and breaker transitions. */
+extern void od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r,
                                int http_status, double latency_ms, const char *error, bool probe,
                                TimestampTz now);
 

@@ -38,7 +38,6 @@ process_new_outcomes(void)
         int         s = o.endpoint_tag;
         bool        probe;
         SlotHold   *h;
-        OdEndpointResult r;
 
         if (s < 0 || s >= W.n_holds)
             continue;
@@ -56,16 +55,9 @@ process_new_outcomes(void)
         }
         else
         {
-            if (o.verdict == od::Verdict::Done)
-                r = OD_RESULT_SUCCESS;
-            else if (o.verdict == od::Verdict::Retry || (o.verdict == od::Verdict::Dead && o.http_status == 0))
-                r = OD_RESULT_FAILURE;      /* retryable, or retries exhausted on a transport error */
-            else if (o.verdict == od::Verdict::Dead && o.http_status >= 500)
-                r = OD_RESULT_FAILURE;      /* retries exhausted on 5xx */
-            else
-                r = OD_RESULT_NEUTRAL;
             /* before the place is released: a slot with places held is never reclaimed */
-            od_endpoint_result(h->ref, &h->lim, r, o.http_status, o.latency_ms, o.error, probe, now);
+            od_endpoint_result(h->ref, &h->lim, od::endpoint_signal(o.verdict, o.http_status), o.http_status,
+                               o.latency_ms, o.error, probe, now);
         }
         od_endpoint_release(h->ref, 1);
         if (h->held > 0)
@@ -128,12 +120,14 @@ finalize_prepare(FinalizeBatch *fb)
          * operator re-enables it) and put the message back, attempt refunded,
          * instead of killing it.
          */
-        if (o.http_status == 410 && o.endpoint_tag >= 0)
+        if (od::answer_disables_endpoint(o.http_status) && o.endpoint_tag >= 0)
         {
-            it->verdict = od::Verdict::Retry;
-            it->refund = true;
-            it->delay_us = (int64) od_defer_delay_ms * 1000;
-            it->error = "HTTP 410 Gone: the endpoint was disabled";
+            od::GoneFinalize g = od::finalize_after_gone(od_defer_delay_ms);
+
+            it->verdict = g.verdict;
+            it->refund = g.refund;
+            it->delay_us = g.delay_ms * 1000;
+            it->error = g.error;
             /* the endpoint is identified by its slot's key, never by a name prefix */
             for (int k = 0; k < W.n_wendpoints; k++)
                 if (W.wendpoints[k].ref.slot == o.endpoint_tag)
