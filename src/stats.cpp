@@ -21,12 +21,6 @@ PG_FUNCTION_INFO_V1(od_worker_stats_sql);
 static const char *const state_names[] = {"stopped", "starting", "idle", "claiming",
                                           "delivering", "finalizing", "paused"};
 
-static double
-percentile_ms(const uint64 *buckets, uint64 total, double q)
-{
-    return od::latency_percentile_ms(buckets, total, q);
-}
-
 extern "C" Datum
 od_worker_stats_sql(PG_FUNCTION_ARGS)
 {
@@ -77,9 +71,9 @@ od_worker_stats_sql(PG_FUNCTION_ARGS)
         values[12] = Int64GetDatum((int64) pg_atomic_read_u64(&w->cycles));
         values[13] = Float8GetDatum(count ? (double) pg_atomic_read_u64(&w->latency_sum_us) / count / 1000.0 : 0);
         nulls[13] = (count == 0);
-        values[14] = Float8GetDatum(percentile_ms(buckets, count, 0.50));
+        values[14] = Float8GetDatum(od::latency_percentile_ms(buckets, count, 0.50));
         nulls[14] = (count == 0);
-        values[15] = Float8GetDatum(percentile_ms(buckets, count, 0.99));
+        values[15] = Float8GetDatum(od::latency_percentile_ms(buckets, count, 0.99));
         nulls[15] = (count == 0);
         values[16] = Float8GetDatum((double) pg_atomic_read_u64(&w->latency_max_us) / 1000.0);
         nulls[16] = (count == 0);
@@ -159,9 +153,9 @@ endpoint_health_rows(FunctionCallInfo fcinfo, bool keyed)
         values[off + 11] = Int64GetDatum((int64) c.failed);
         values[off + 12] = Float8GetDatum(c.latency_count ? (double) c.latency_sum_us / c.latency_count / 1000.0 : 0);
         nulls[off + 12] = (c.latency_count == 0);
-        values[off + 13] = Float8GetDatum(percentile_ms(c.latency_buckets, c.latency_count, 0.50));
+        values[off + 13] = Float8GetDatum(od::latency_percentile_ms(c.latency_buckets, c.latency_count, 0.50));
         nulls[off + 13] = (c.latency_count == 0);
-        values[off + 14] = Float8GetDatum(percentile_ms(c.latency_buckets, c.latency_count, 0.99));
+        values[off + 14] = Float8GetDatum(od::latency_percentile_ms(c.latency_buckets, c.latency_count, 0.99));
         nulls[off + 14] = (c.latency_count == 0);
         values[off + 15] = Float8GetDatum((double) c.latency_max_us / 1000.0);
         nulls[off + 15] = (c.latency_count == 0);

@@ -248,12 +248,12 @@ static const char *const SQL_ENQUEUE =
  * and merge joins, sorts (and JIT, which those penalties would trigger).
  * The planner is left with the index paths whatever the statistics say, so
  * every statement is planned once, on whatever the table holds then, and
- * kept (a generic plan: no planning per claim).  In other sessions (the SQL functions) the caller's settings
- * stand, so the statements whose best plan depends on the batch and the
- * table (claim, reap, purge: ORDER BY ... LIMIT $n) and the finalize are
- * planned with their actual parameters every time (custom plans): a
- * generic plan cached while the queue was empty once took 13.7 s per claim
- * once the table had grown.
+ * kept (a generic plan: no planning per claim).  In other sessions (the
+ * SQL functions) the caller's settings stand, so the statements whose best
+ * plan depends on the batch and the table (claim, reap, purge: ORDER BY ...
+ * LIMIT $n) and the finalize are planned with their actual parameters every
+ * time (custom plans): a generic plan cached while the queue was empty
+ * once took 13.7 s per claim once the table had grown.
  */
 static bool plan_shapes_fixed = false;
 
@@ -507,12 +507,14 @@ od_finalize(OdFinalize *items, int n)
         ids[i] = Int64GetDatum(it->id);
         vers[i] = Int64GetDatum(it->lease_version);
         statuses[i] = CStringGetTextDatum(od::verdict_name(it->verdict));
-        delays[i] = us_to_interval((it->verdict == od::Verdict::Retry || it->verdict == od::Verdict::Defer) ? it->delay_us : 0);
+        delays[i] = us_to_interval((it->verdict == od::Verdict::Retry || it->verdict == od::Verdict::Defer)
+                                   ? it->delay_us : 0);
         err_nulls[i] = (it->error == nullptr);
         errors[i] = it->error ? CStringGetTextDatum(it->error) : (Datum) 0;
         http_nulls[i] = (it->http_status == 0);
         https[i] = Int32GetDatum(it->http_status);
-        refunds[i] = BoolGetDatum(it->verdict == od::Verdict::Defer || (it->verdict == od::Verdict::Retry && it->refund));
+        refunds[i] = BoolGetDatum(it->verdict == od::Verdict::Defer ||
+                                  (it->verdict == od::Verdict::Retry && it->refund));
         untils[i] = TimestampTzGetDatum(it->lease_until);
         until_nulls[i] = (it->lease_until == 0);
     }

@@ -45,13 +45,14 @@ PGDLLEXPORT void od_worker_main(Datum arg);
 
 using namespace odw;
 
-
 /* ---------------------------------------------------------------- state */
 
 static volatile sig_atomic_t got_sigterm = false;
 
-OdWorker odw::W;
+/* results wait this long for a claim to share its transaction (core/schedule.hpp) */
+#define FLUSH_AFTER_MS 2
 
+OdWorker odw::W;
 
 /* ---------------------------------------------------------------- registration */
 
@@ -78,7 +79,6 @@ od_register_workers(void)
     }
 }
 
-
 /* ---------------------------------------------------------------- helpers */
 
 static void
@@ -90,7 +90,6 @@ od_sigterm(SIGNAL_ARGS)
     SetLatch(MyLatch);
     errno = save_errno;
 }
-
 
 /*
  * File descriptors: every request in flight holds a socket (and a resolver
@@ -123,7 +122,6 @@ raise_fd_limit(void)
 
 namespace odw {
 
-
 void
 set_state(OdWorkerState st)
 {
@@ -140,7 +138,6 @@ record_error(const char *msg)
 }
 
 }  // namespace odw
-
 
 static void
 od_worker_exit(int code, Datum arg)
@@ -165,7 +162,6 @@ od_worker_exit(int code, Datum arg)
 }
 
 namespace odw {
-
 
 int64
 unix_seconds(TimestampTz ts)
@@ -210,7 +206,6 @@ end_tx(void)
 
 }  // namespace odw
 
-
 /* ---------------------------------------------------------------- settings */
 
 static void
@@ -240,7 +235,6 @@ apply_settings(void)
     s.pool_connections = (size_t) od_batch_size * 2;
     W.disp->set_settings(s);
 }
-
 
 /* What the schedule (core/schedule.hpp) decides from, as of now. */
 static od::WorkerCycle
@@ -272,7 +266,6 @@ observe(TimestampTz now)
     return c;
 }
 
-
 /* ---------------------------------------------------------------- shutdown */
 
 static void
@@ -294,7 +287,6 @@ shutdown_worker(void)
         do_finalize();
     proc_exit(1);   /* non-zero: the postmaster restarts us unless it is shutting down */
 }
-
 
 /* ---------------------------------------------------------------- main */
 

@@ -50,7 +50,6 @@ extern "C" {
 
 namespace odw {
 
-
 /*
  * The endpoints this worker serves (enabled ones, refreshed every
  * poll_interval), with their shared-memory slot reference and limits.
@@ -62,7 +61,6 @@ typedef struct WorkerEndpoint
     OdEndpointRef    ref;
     OdEndpointLimits lim;
 } WorkerEndpoint;
-
 
 /*
  * What this worker holds in each shared endpoint slot (an array of
@@ -79,7 +77,6 @@ typedef struct SlotHold
     int64            probe_id;      /* 0: none */
 } SlotHold;
 
-
 /* The reservation of a claim in progress, returned if its transaction fails. */
 typedef struct PendingReservation
 {
@@ -89,14 +86,7 @@ typedef struct PendingReservation
     bool             probe;
 } PendingReservation;
 
-
-#define FLUSH_AFTER_MS 2
-
-
-/*
- * The loop's own deadlines and reasons to claim.  File-level rather than
- * locals of od_worker_main: the error recovery after sigsetjmp changes them.
- */
+/* The loop's own deadlines and reasons to claim (read by core/schedule.cpp). */
 typedef struct LoopSchedule
 {
     TimestampTz next_poll;          /* the fallback poll */
@@ -106,7 +96,6 @@ typedef struct LoopSchedule
     bool        woken;              /* the latch was set since the last claim */
     bool        last_claim_full;    /* the last claim took all it asked for */
 } LoopSchedule;
-
 
 /*
  * All of this process's state, in one place.  A file-level variable (not a
@@ -158,7 +147,6 @@ typedef struct OdWorker
     LoopSchedule    sched;
 } OdWorker;
 
-
 typedef struct FinalizeBatch
 {
     OdFinalize  *items;
@@ -185,8 +173,9 @@ void        refresh_endpoints(void);
 int         claim_share(const WorkerEndpoint *w);
 /* Messages worth holding at once. */
 int         pipeline_size(void);
-void        split_lines(const char *text, std::vector<std::string> &out) noexcept;
+/* Header lines: "Name: value\n..." text from a jsonb object, and back into lines. */
 char       *header_lines_text(Datum d);
+void        split_lines(const char *text, std::vector<std::string> &out) noexcept;
 
 /* ---------------------------------------------------------------- worker_claim.cpp */
 /* Claim up to capacity rows (finalizing waiting results in the same transaction); returns how many. */

@@ -9,41 +9,12 @@
 
 namespace odw {
 
-
 void
 release_pending_reservation(void)
 {
     for (int i = 0; i < W.n_pending; i++)
         od_endpoint_unreserve(W.pending[i].ref, W.pending[i].count, W.pending[i].probe);
     W.n_pending = 0;
-}
-
-/* "Name: value\n..." for a jsonb object of strings (validated on write). */
-char *
-header_lines_text(Datum d)
-{
-    Jsonb          *jb = DatumGetJsonbP(d);
-    JsonbIterator  *it;
-    JsonbValue      v;
-    JsonbIteratorToken tok;
-    StringInfoData  buf;
-
-    initStringInfo(&buf);
-    if (!JB_ROOT_IS_OBJECT(jb))
-        return buf.data;
-    it = JsonbIteratorInit(&jb->root);
-    while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-    {
-        if (tok == WJB_KEY)
-            appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
-        else if (tok == WJB_VALUE && v.type == jbvString)
-        {
-            appendStringInfoString(&buf, ": ");
-            appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
-            appendStringInfoChar(&buf, '\n');
-        }
-    }
-    return buf.data;
 }
 
 /*

@@ -8,6 +8,33 @@
 
 namespace odw {
 
+/* "Name: value\n..." for a jsonb object of strings (validated on write). */
+char *
+header_lines_text(Datum d)
+{
+    Jsonb          *jb = DatumGetJsonbP(d);
+    JsonbIterator  *it;
+    JsonbValue      v;
+    JsonbIteratorToken tok;
+    StringInfoData  buf;
+
+    initStringInfo(&buf);
+    if (!JB_ROOT_IS_OBJECT(jb))
+        return buf.data;
+    it = JsonbIteratorInit(&jb->root);
+    while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+    {
+        if (tok == WJB_KEY)
+            appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
+        else if (tok == WJB_VALUE && v.type == jbvString)
+        {
+            appendStringInfoString(&buf, ": ");
+            appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
+            appendStringInfoChar(&buf, '\n');
+        }
+    }
+    return buf.data;
+}
 
 void
 split_lines(const char *text, std::vector<std::string> &out) noexcept
@@ -306,7 +333,6 @@ refresh_endpoints(void)
             ereport(LOG, (errmsg("outbox_dispatcher: every enabled endpoint is served again")));
     }
 }
-
 
 /* ---------------------------------------------------------------- claim */
 

@@ -8,7 +8,6 @@
 
 namespace odw {
 
-
 /* a prepared finalize in a transaction of its own */
 void
 finalize_alone(FinalizeBatch *fb)

@@ -3,9 +3,9 @@
  * outbox.worker_stats) and per endpoint (in outbox.endpoint_health).
  *
  * Power-of-two buckets: bucket b counts latencies below 2^b microseconds
- * (bucket 0: below 1 microsecond; the last bucket also counts everything slower), so
- * a percentile read from it is an upper bound within a factor of 2; the
- * count, sum and maximum kept next to it are exact.
+ * (bucket 0: below 1 microsecond; the last bucket also counts everything
+ * slower), so a percentile read from it is an upper bound within a factor
+ * of 2; the count, sum and maximum kept next to it are exact.
  */
 #pragma once
 
