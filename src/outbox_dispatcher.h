@@ -228,6 +228,9 @@ typedef struct OdFinalize
     bool        applied;        /* out: false = lease lost (fenced) */
 } OdFinalize;
 
+/* Prepare sql once into *slot (kept across transactions; the plan cache decides generic or custom). */
+extern SPIPlanPtr od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes);
+
 /* Columns returned by od_claim(), in this order. */
 #define OD_CLAIM_NATTS 11
 

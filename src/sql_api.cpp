@@ -5,6 +5,7 @@
  * message style and are raised before anything is changed), connects to
  * SPI and calls the single implementation in transitions.cpp.
  */
+#include "catalog.h"
 #include "outbox_dispatcher.h"
 
 extern "C" {
@@ -390,15 +391,7 @@ od_move_messages_sql(PG_FUNCTION_ARGS)
     }
 
     int level = od_spi_connect();
-    {
-        Oid   types[1] = {TEXTOID};
-        Datum args[1] = {CStringGetTextDatum(to)};
-
-        if (SPI_execute_with_args("SELECT 1 FROM outbox.endpoints WHERE name = $1", 1, types, args, nullptr,
-                                  true, 1) != SPI_OK_SELECT)
-            elog(ERROR, "outbox_dispatcher: endpoint lookup failed");
-        found = SPI_processed == 1;
-    }
+    found = od_endpoint_presence(CStringGetTextDatum(to), nullptr) != OD_ENDPOINT_MISSING;
     if (!found)
         ereport(ERROR,
                 (errcode(ERRCODE_UNDEFINED_OBJECT),

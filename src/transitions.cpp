@@ -59,6 +59,7 @@
  * updated lost its lease to a newer claim (or to the reaper): it is counted
  * in shared memory and logged; the newer owner's state stands.
  */
+#include "catalog.h"
 #include "outbox_dispatcher.h"
 #include "core/lease_check.hpp"
 
@@ -81,7 +82,6 @@ static SPIPlanPtr plan_retry = nullptr;
 static SPIPlanPtr plan_retry_dead = nullptr;
 static SPIPlanPtr plan_skip = nullptr;
 static SPIPlanPtr plan_purge = nullptr;
-static SPIPlanPtr plan_endpoint_state = nullptr;
 static SPIPlanPtr plan_replay = nullptr;
 static SPIPlanPtr plan_move = nullptr;
 static SPIPlanPtr plan_enqueue = nullptr;
@@ -225,9 +225,6 @@ static const char *const SQL_MOVE =
     "   SET endpoint = $2, lease_version = lease_version + 1"
     " WHERE endpoint = $1 AND status = ANY ($3::text[])";
 
-static const char *const SQL_ENDPOINT_STATE =
-    "SELECT enabled FROM outbox.endpoints WHERE name = $1";
-
 static const char *const SQL_ENQUEUE =
     "INSERT INTO outbox.messages"
     "   (aggregate_type, aggregate_id, event_type, payload, endpoint, ordered, available_at, headers)"
@@ -292,7 +289,7 @@ od_prepare_opts(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtype
 }
 
 /* operator transitions: one row or a few, by key; the plan cache decides */
-static SPIPlanPtr
+SPIPlanPtr
 od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
 {
     return od_prepare_opts(slot, sql, nargs, argtypes, 0);
@@ -664,23 +661,20 @@ od_move(const char *from_endpoint, const char *to_endpoint, Datum statuses)
 int64
 od_enqueue(Datum *values, bool *nulls)
 {
-    static const Oid ep_types[1] = {TEXTOID};
     static const Oid ins_types[8] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, BOOLOID,
                                      TIMESTAMPTZOID, JSONBOID};
     char        cnulls[8];
     bool        isnull;
     int         rc;
+    OdEndpointPresence presence;
 
-    od_prepare(&plan_endpoint_state, SQL_ENDPOINT_STATE, 1, ep_types);
-    rc = SPI_execute_plan(plan_endpoint_state, &values[4], nullptr, true, 1);
-    if (rc != SPI_OK_SELECT)
-        elog(ERROR, "outbox_dispatcher: endpoint lookup failed: %s", SPI_result_code_string(rc));
-    if (SPI_processed == 0)
+    presence = od_endpoint_presence(values[4], nullptr);
+    if (presence == OD_ENDPOINT_MISSING)
         ereport(ERROR,
                 (errcode(ERRCODE_UNDEFINED_OBJECT),
                  errmsg("endpoint \"%s\" does not exist", TextDatumGetCString(values[4])),
                  errhint("Create it with INSERT INTO outbox.endpoints (name, url) VALUES (...).")));
-    if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+    if (presence == OD_ENDPOINT_DISABLED)
         ereport(ERROR,
                 (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
                  errmsg("endpoint \"%s\" is disabled", TextDatumGetCString(values[4])),

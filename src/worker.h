@@ -12,6 +12,7 @@
 #ifndef OUTBOX_DISPATCHER_WORKER_H
 #define OUTBOX_DISPATCHER_WORKER_H
 
+#include "catalog.h"
 #include "outbox_dispatcher.h"
 #include "pg_compat.h"
 #include "core/dispatcher.hpp"
@@ -118,7 +119,7 @@ typedef struct OdWorker
     /* the installed extension */
     bool            ext_ready;          /* installed, a schema we serve, and we may use it */
     bool            ext_missing_logged;
-    int             schema_version;     /* 100 = 0.1.0, 200 = 0.2.0, 201 = 0.2.1, 202 = 0.2.2 */
+    int             schema;             /* the installed schema (catalog.h: OD_SCHEMA_*) */
     char           *ext_idle_reason;    /* why the installed extension is not served */
     char           *ext_idle_hint;
 
@@ -173,8 +174,7 @@ void        refresh_endpoints(void);
 int         claim_share(const WorkerEndpoint *w);
 /* Messages worth holding at once. */
 int         pipeline_size(void);
-/* Header lines: "Name: value\n..." text from a jsonb object, and back into lines. */
-char       *header_lines_text(Datum d);
+/* Header lines: "Name: value\n..." text (od_header_lines_text) back into lines. */
 void        split_lines(const char *text, std::vector<std::string> &out) noexcept;
 
 /* ---------------------------------------------------------------- worker_claim.cpp */

@@ -196,7 +196,7 @@ do_claim(int capacity, bool with_finalize)
         finalize_run(&fb);
     reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas,
                       takeover, m,
-                      (check_leases ? OD_CLAIM_CHECK_LEASES : 0) | (W.schema_version >= 202 ? OD_CLAIM_SCHEMA_V022 : 0));
+                      (check_leases ? OD_CLAIM_CHECK_LEASES : 0) | (W.schema >= OD_SCHEMA_0_2_2 ? OD_CLAIM_SCHEMA_V022 : 0));
     n = (int) SPI_processed;
     rows = (ClaimRow *) MemoryContextAllocZero(W.cycle_ctx, sizeof(ClaimRow) * (n + 1));
     for (int i = 0; i < n; i++)
@@ -218,7 +218,7 @@ do_claim(int capacity, bool with_finalize)
         d = SPI_getbinval(tup, desc, 9, &isnull);
         /* checked again here: rows written before the limits were lowered, or by a superuser */
         rows[i].reject = isnull ? nullptr : message_headers_problem(d);
-        rows[i].headers = (isnull || rows[i].reject) ? pstrdup("") : header_lines_text(d);
+        rows[i].headers = (isnull || rows[i].reject) ? pstrdup("") : od_header_lines_text(d);
         rows[i].created_at_us = unix_micros(DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull)));
         rows[i].lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, 12, &isnull));
         if (rows[i].reject)

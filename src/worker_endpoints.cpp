@@ -8,34 +8,6 @@
 
 namespace odw {
 
-/* "Name: value\n..." for a jsonb object of strings (validated on write). */
-char *
-header_lines_text(Datum d)
-{
-    Jsonb          *jb = DatumGetJsonbP(d);
-    JsonbIterator  *it;
-    JsonbValue      v;
-    JsonbIteratorToken tok;
-    StringInfoData  buf;
-
-    initStringInfo(&buf);
-    if (!JB_ROOT_IS_OBJECT(jb))
-        return buf.data;
-    it = JsonbIteratorInit(&jb->root);
-    while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-    {
-        if (tok == WJB_KEY)
-            appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
-        else if (tok == WJB_VALUE && v.type == jbvString)
-        {
-            appendStringInfoString(&buf, ": ");
-            appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
-            appendStringInfoChar(&buf, '\n');
-        }
-    }
-    return buf.data;
-}
-
 void
 split_lines(const char *text, std::vector<std::string> &out) noexcept
 {
@@ -60,25 +32,8 @@ split_lines(const char *text, std::vector<std::string> &out) noexcept
 
 /* ---------------------------------------------------------------- endpoints */
 
-typedef struct EndpointRow
-{
-    Oid     relid;
-    int64   id;
-    char   *name;
-    char   *url;
-    char   *headers;
-    char   *secret;
-    int64   timeout_ms;
-    int     max_in_flight;
-    int    *defer;
-    int     ndefer;
-    double  rate_limit;
-    int     breaker_threshold;
-    int64   breaker_cooldown_ms;
-} EndpointRow;
-
 static void
-load_endpoint(const EndpointRow *r) noexcept
+load_endpoint(const OdEndpointRow *r) noexcept
 {
     try
     {
@@ -105,60 +60,26 @@ load_endpoint(const EndpointRow *r) noexcept
     }
 }
 
-/*
- * The endpoint columns of each schema version this library serves, in the
- * order EndpointRow reads them.  Conversions happen in C, not in SQL.
- * Schemas before 0.2.1 have no endpoint id: the shared state is keyed by a
- * hash of the name there (negative, so it never equals a real id).
- */
-static const char *const SQL_ENDPOINTS_V021 =
-    "SELECT e.tableoid, e.id, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight,"
-    "       e.defer_statuses, e.rate_limit, e.breaker_threshold, e.breaker_cooldown"
-    "  FROM outbox.endpoints AS e WHERE e.enabled";
-static const char *const SQL_ENDPOINTS_V020 =
-    "SELECT e.tableoid, NULL::bigint, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight,"
-    "       e.defer_statuses, e.rate_limit, e.breaker_threshold, e.breaker_cooldown"
-    "  FROM outbox.endpoints AS e WHERE e.enabled";
-static const char *const SQL_ENDPOINTS_V010 =
-    "SELECT e.tableoid, NULL::bigint, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight,"
-    "       e.defer_statuses, NULL::float8, 5, interval '30 seconds'"
-    "  FROM outbox.endpoints AS e WHERE e.enabled";
-
-static int
-parse_version(const char *v)
-{
-    if (strcmp(v, "0.1.0") == 0)
-        return 100;
-    if (strcmp(v, "0.2.0") == 0)
-        return 200;
-    if (strcmp(v, "0.2.1") == 0)
-        return 201;
-    if (strcmp(v, "0.2.2") == 0)
-        return 202;
-    return 0;
-}
-
-/* Is the installed extension one this library can serve?  Sets ext_ready and schema_version. */
+/* Is the installed extension one this library can serve?  Sets ext_ready and schema. */
 static void
 check_extension(void)
 {
-    int   rc;
-    char *version = nullptr;
-    Oid   admin;
+    char         *version;
+    Oid           admin;
     MemoryContext old;
 
-    rc = SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'", true, 1);
-    if (rc != SPI_OK_SELECT)
-        elog(ERROR, "outbox_dispatcher: reading pg_extension failed: %s", SPI_result_code_string(rc));
     W.ext_ready = false;
     W.ext_idle_reason = nullptr;
     W.ext_idle_hint = nullptr;
-    if (SPI_processed == 0)
-        return;
     /* the reasons outlive the transaction: they are logged after it */
     old = MemoryContextSwitchTo(W.cycle_ctx);
-    version = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-    W.schema_version = parse_version(version);
+    version = od_installed_version();
+    if (version == nullptr)
+    {
+        MemoryContextSwitchTo(old);
+        return;
+    }
+    W.schema = od_schema_number(version);
     admin = get_role_oid("outbox_admin", true);
     if (GetDatabaseEncoding() != PG_UTF8)
     {
@@ -167,11 +88,13 @@ check_extension(void)
                                    od_database, GetDatabaseEncodingName());
         W.ext_idle_hint = pstrdup("Install the extension in a UTF8 database.");
     }
-    else if (W.schema_version == 0)
+    else if (!od_schema_served(W.schema))
     {
         W.ext_idle_reason = psprintf("extension version \"%s\" is not served by this library (%s)",
                                    version, OD_LIBRARY_VERSION);
-        W.ext_idle_hint = pstrdup("Install the library that matches the extension version, or run ALTER EXTENSION outbox_dispatcher UPDATE.");
+        W.ext_idle_hint = W.schema != 0 && W.schema < OD_SCHEMA_PREVIOUS
+            ? pstrdup("Run ALTER EXTENSION outbox_dispatcher UPDATE; the workers start delivering within poll_interval.")
+            : pstrdup("Install the library that matches the extension version, or run ALTER EXTENSION outbox_dispatcher UPDATE.");
     }
     else if (!superuser() && (!OidIsValid(admin) || !has_privs_of_role(GetUserId(), admin)))
     {
@@ -190,72 +113,15 @@ check_extension(void)
 void
 refresh_endpoints(void)
 {
-    EndpointRow *rows = nullptr;
-    int          nrows = 0;
-    int          rc;
-    bool         installed;
+    OdEndpointRow *rows = nullptr;
+    int            nrows = 0;
+    bool           installed;
 
     begin_tx("loading endpoints");
     check_extension();
     installed = W.ext_ready || W.ext_idle_reason != nullptr;
     if (W.ext_ready)
-    {
-        rc = SPI_execute(W.schema_version >= 201 ? SQL_ENDPOINTS_V021
-                         : W.schema_version >= 200 ? SQL_ENDPOINTS_V020 : SQL_ENDPOINTS_V010, true, 0);
-        if (rc != SPI_OK_SELECT)
-            elog(ERROR, "outbox_dispatcher: loading endpoints failed: %s", SPI_result_code_string(rc));
-        nrows = (int) SPI_processed;
-        rows = (EndpointRow *) MemoryContextAllocZero(W.cycle_ctx, sizeof(EndpointRow) * (nrows + 1));
-        for (int i = 0; i < nrows; i++)
-        {
-            HeapTuple     tup = SPI_tuptable->vals[i];
-            TupleDesc     desc = SPI_tuptable->tupdesc;
-            bool          isnull;
-            Datum         d;
-            MemoryContext old = MemoryContextSwitchTo(W.cycle_ctx);
-
-            rows[i].relid = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
-            rows[i].name = SPI_getvalue(tup, desc, 3);
-            d = SPI_getbinval(tup, desc, 2, &isnull);
-            if (!isnull)
-                rows[i].id = DatumGetInt64(d);
-            else
-                rows[i].id = (int64) (hash_bytes_extended((const unsigned char *) rows[i].name,
-                                                          (int) strlen(rows[i].name), 0) |
-                                      (UINT64CONST(1) << 63));
-            rows[i].url = SPI_getvalue(tup, desc, 4);
-            d = SPI_getbinval(tup, desc, 5, &isnull);
-            rows[i].headers = isnull ? pstrdup("") : header_lines_text(d);
-            rows[i].secret = SPI_getvalue(tup, desc, 6);
-            {
-                /* whole milliseconds, rounded up: a sub-millisecond timeout must not become curl's "none" */
-                int64 us = od_interval_us(DatumGetIntervalP(SPI_getbinval(tup, desc, 7, &isnull)));
-
-                rows[i].timeout_ms = Max((int64) 1, Min(us, (int64) 86400 * USECS_PER_SEC) / 1000 +
-                                                      (us % 1000 != 0 ? 1 : 0));
-            }
-            rows[i].max_in_flight = DatumGetInt32(SPI_getbinval(tup, desc, 8, &isnull));
-            d = SPI_getbinval(tup, desc, 9, &isnull);
-            if (!isnull)
-            {
-                ArrayType *arr = DatumGetArrayTypePCopy(d);
-                Datum     *elems;
-                bool      *nulls;
-                int        n;
-
-                deconstruct_array(arr, INT4OID, 4, true, TYPALIGN_INT, &elems, &nulls, &n);
-                rows[i].defer = (int *) palloc(sizeof(int) * (n + 1));
-                for (int j = 0; j < n; j++)
-                    rows[i].defer[rows[i].ndefer++] = nulls[j] ? 0 : DatumGetInt32(elems[j]);
-            }
-            d = SPI_getbinval(tup, desc, 10, &isnull);
-            rows[i].rate_limit = isnull ? 0 : DatumGetFloat8(d);
-            rows[i].breaker_threshold = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
-            rows[i].breaker_cooldown_ms =
-                od_interval_us(DatumGetIntervalP(SPI_getbinval(tup, desc, 12, &isnull))) / 1000;
-            MemoryContextSwitchTo(old);
-        }
-    }
+        nrows = od_read_endpoints(W.schema, W.cycle_ctx, &rows);
     end_tx();
 
     if (!W.ext_ready)

@@ -147,27 +147,10 @@ finalize_run(FinalizeBatch *fb)
     od_finalize(fb->items, fb->n);
     for (int i = 0; i < fb->n_gone; i++)
     {
-        Oid   types[3] = {TEXTOID, TEXTOID, INT8OID};
-        Datum args[3] = {CStringGetTextDatum(fb->gone[i]),
-                         CStringGetTextDatum("HTTP 410 Gone received by the dispatcher"),
-                         Int64GetDatum(fb->gone_id[i])};
-        int   rc = SPI_execute_with_args(W.schema_version >= 201
-                                         ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
-                                           " WHERE id = $3 AND enabled AND $1 IS NOT NULL"
-                                         : W.schema_version >= 200
-                                         ? "UPDATE outbox.endpoints SET enabled = false, disabled_reason = $2"
-                                           " WHERE name = $1 AND enabled AND $3 IS NOT NULL"
-                                         : "UPDATE outbox.endpoints SET enabled = false"
-                                           " WHERE name = $1 AND enabled AND $2 IS NOT NULL AND $3 IS NOT NULL",
-                                         3, types, args, nullptr, false, 0);
-
-        if (rc != SPI_OK_UPDATE)
-            elog(ERROR, "outbox_dispatcher: disabling endpoint \"%s\" failed: %s", fb->gone[i],
-                 SPI_result_code_string(rc));
-        if (SPI_processed > 0)
+        if (od_set_endpoint_enabled(fb->gone_id[i], false, "HTTP 410 Gone received by the dispatcher"))
             ereport(LOG,
                     (errmsg("outbox_dispatcher: endpoint \"%s\" answered 410 Gone and was disabled", fb->gone[i]),
-                     errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint('%s').", fb->gone[i])));
+                     errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint(%s).", quote_literal_cstr(fb->gone[i]))));
     }
 }
 

@@ -1,0 +1,96 @@
+/*
+ * catalog.h — the only code that knows what the installed schema looks like:
+ * which extension versions this library serves, the columns of
+ * outbox.endpoints as the workers read them, and the endpoint lookups and
+ * state changes every caller shares (catalog.cpp).
+ *
+ * Support policy: the library serves its own schema (OD_SCHEMA_CURRENT) and
+ * the one before it (OD_SCHEMA_PREVIOUS), so that a rolling ALTER EXTENSION
+ * ... UPDATE never stops delivery.  On anything older the workers log once,
+ * with a hint to run ALTER EXTENSION outbox_dispatcher UPDATE, and idle; the
+ * SQL functions of such a schema that depend on its layout raise the same
+ * hint.  The statements in transitions.cpp name only what both served
+ * schemas have (outbox.endpoints name and enabled; outbox.messages as
+ * indexed since 0.2.2).
+ */
+#ifndef OUTBOX_DISPATCHER_CATALOG_H
+#define OUTBOX_DISPATCHER_CATALOG_H
+
+#include "outbox_dispatcher.h"
+
+/* Extension versions, as major * 100 + minor * 10 + patch (0 = unknown). */
+#define OD_SCHEMA_0_2_1     21
+#define OD_SCHEMA_0_2_2     22
+#define OD_SCHEMA_CURRENT   OD_SCHEMA_0_2_2
+#define OD_SCHEMA_PREVIOUS  OD_SCHEMA_0_2_1
+
+/* The schema number of an extversion string; 0 for one this library never shipped. */
+extern int  od_schema_number(const char *extversion);
+/* Does this library serve that schema (the support policy above)? */
+extern bool od_schema_served(int schema);
+
+/*
+ * The installed extension's version (palloc'd in the current context), or
+ * NULL when it is not installed in this database.  Needs SPI.
+ */
+extern char *od_installed_version(void);
+
+/*
+ * An error for SQL functions of a schema this library does not serve:
+ * "function X of extension version V is not served by library L".
+ */
+extern void od_schema_unserved_error(const char *function, const char *extversion) pg_attribute_noreturn();
+
+/*
+ * Stored headers (a jsonb object of strings, validated on write, in
+ * outbox.endpoints.headers and outbox.messages.headers) as "Name: value\n"
+ * lines, palloc'd.
+ */
+extern char *od_header_lines_text(Datum d);
+
+/* outbox.endpoints as the workers read it: one enabled endpoint. */
+typedef struct OdEndpointRow
+{
+    Oid     relid;              /* outbox.endpoints' oid: part of the shared-state key */
+    int64   id;
+    char   *name;
+    char   *url;
+    char   *headers;            /* "Name: value\n..." lines */
+    char   *secret;             /* NULL for unsigned */
+    int64   timeout_ms;         /* >= 1: a sub-millisecond timeout must not become curl's "none" */
+    int     max_in_flight;
+    int    *defer;
+    int     ndefer;
+    double  rate_limit;         /* messages per second; 0 = none */
+    int     breaker_threshold;
+    int64   breaker_cooldown_ms;
+} OdEndpointRow;
+
+/*
+ * The enabled endpoints of a served schema, into rows allocated in cxt;
+ * returns how many.  Needs SPI, inside a transaction.
+ */
+extern int  od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **rows);
+
+/*
+ * Does an endpoint of that name exist, and is it enabled?  Sets *id when it
+ * exists (id may be NULL).  The one existence check of enqueue(),
+ * move_messages(), pause_endpoint() and resume_endpoint().  Needs SPI.
+ */
+typedef enum OdEndpointPresence
+{
+    OD_ENDPOINT_MISSING = 0,
+    OD_ENDPOINT_DISABLED,
+    OD_ENDPOINT_ENABLED
+} OdEndpointPresence;
+extern OdEndpointPresence od_endpoint_presence(Datum name, int64 *id);
+
+/*
+ * Disable (reason: the disabled_reason to record) or enable (reason NULL)
+ * the endpoint with this id, if it is not so already; true if it changed.
+ * The only code that writes outbox.endpoints.enabled: the workers' 410
+ * handling and outbox.pause_endpoint()/resume_endpoint().  Needs SPI.
+ */
+extern bool od_set_endpoint_enabled(int64 id, bool enabled, const char *reason);
+
+#endif
