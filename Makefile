@@ -7,7 +7,8 @@
 EXTENSION   = outbox_dispatcher
 MODULE_big  = outbox_dispatcher
 DATA        = sql/outbox_dispatcher--0.1.0.sql sql/outbox_dispatcher--0.1.0--0.2.0.sql \
-              sql/outbox_dispatcher--0.2.0--0.2.1.sql sql/outbox_dispatcher--0.2.1--0.2.2.sql
+              sql/outbox_dispatcher--0.2.0--0.2.1.sql sql/outbox_dispatcher--0.2.1--0.2.2.sql \
+              sql/outbox_dispatcher--0.2.2--0.3.0.sql sql/outbox_dispatcher--0.3.0.sql
 PGFILEDESC  = "outbox_dispatcher - transactional outbox delivery from background workers"
 
 CORE_SRCS   = $(sort $(wildcard src/core/*.cpp))
@@ -32,6 +33,11 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 EXTRA_CLEAN = test/unit/unit_tests results regression.diffs regression.out output_iso tmp_check
 
 include $(PGXS)
+
+# PGXS tracks no header dependencies: rebuild every object when any header
+# changes (a struct laid out differently in two objects is a crash).
+HEADERS     = $(wildcard src/*.h src/core/*.hpp)
+$(OBJS): $(HEADERS)
 
 # ---------------------------------------------------------------- unit tests
 GTEST_BIN = test/unit/unit_tests

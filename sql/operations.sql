@@ -204,11 +204,9 @@ INSERT INTO outbox.endpoints (name, url, rate_limit) VALUES ('x', 'http://127.0.
 INSERT INTO outbox.endpoints (name, url, rate_limit) VALUES ('x', 'http://127.0.0.1:9/x', 1000001);
 INSERT INTO outbox.endpoints (name, url, breaker_threshold) VALUES ('x', 'http://127.0.0.1:9/x', -1);
 INSERT INTO outbox.endpoints (name, url, breaker_threshold) VALUES ('x', 'http://127.0.0.1:9/x', 1000001);
--- (not-null violations: the DETAIL quotes the row, timestamps included)
-\set VERBOSITY terse
+-- (not-null violations: reported by the row trigger, without quoting the row)
 INSERT INTO outbox.endpoints (name, url, breaker_threshold) VALUES ('x', 'http://127.0.0.1:9/x', NULL);
 INSERT INTO outbox.endpoints (name, url, breaker_cooldown) VALUES ('x', 'http://127.0.0.1:9/x', NULL);
-\set VERBOSITY default
 INSERT INTO outbox.endpoints (name, url, breaker_cooldown) VALUES ('x', 'http://127.0.0.1:9/x', '99 ms');
 INSERT INTO outbox.endpoints (name, url, breaker_cooldown) VALUES ('x', 'http://127.0.0.1:9/x', '0');
 INSERT INTO outbox.endpoints (name, url, breaker_cooldown) VALUES ('x', 'http://127.0.0.1:9/x', '-30 s');

@@ -107,3 +107,6 @@ SELECT name, vartype, context, unit, boot_val
 
 -- Shared memory is attached (the lost-lease counter is readable).
 SELECT outbox._lost_leases() IS NOT NULL AS shmem_attached;
+
+-- outbox.claim() says what it is: not the workers' claim, outside their shared limits.
+SELECT obj_description('outbox.claim(text,integer,interval,integer)'::regprocedure, 'pg_proc') AS claim_comment;

@@ -142,6 +142,30 @@ SELECT id = :tiny_id AS same_id FROM outbox.endpoints WHERE name = 'tiny-renamed
 DELETE FROM outbox.endpoints WHERE name IN ('tiny-renamed', 'slow');
 
 -- ------------------------------------------------------------------
+-- A rejected endpoint or message row is never quoted in the error: the
+-- server log would get its signing_secret, headers or payload.  Required
+-- values are reported by the row triggers before the NOT NULL constraint
+-- (whose DETAIL is "Failing row contains (...)"); ranges are domain
+-- constraints, whose errors name the rule only.
+-- ------------------------------------------------------------------
+INSERT INTO outbox.endpoints (name, url, signing_secret, headers)
+VALUES ('leaky', NULL, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', '{"Authorization": "Bearer s3cr3t"}');
+INSERT INTO outbox.endpoints (name, url, signing_secret, max_in_flight)
+VALUES ('leaky', 'http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 0);
+INSERT INTO outbox.endpoints (name, url, signing_secret, breaker_cooldown)
+VALUES ('leaky', 'http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', NULL);
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload)
+VALUES ('order', '1', NULL, '{"card": "4111 1111 1111 1111"}');
+SELECT count(*) AS leaky_rows FROM outbox.endpoints WHERE name = 'leaky';
+
+-- The domains are the extension's and nobody else's to use.
+SELECT t.typname, t.typacl IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM aclexplode(t.typacl) AS a WHERE a.grantee = 0) AS not_public
+  FROM pg_type AS t
+ WHERE t.typnamespace = 'outbox'::regnamespace AND t.typtype = 'd'
+ ORDER BY 1;
+
+-- ------------------------------------------------------------------
 -- outbox_dispatcher.source becomes the ce-source header of every request.
 -- ------------------------------------------------------------------
 ALTER SYSTEM SET outbox_dispatcher.source = E'/ok\x01X-Injected: 1';

@@ -20,7 +20,7 @@ int
 od_schema_number(const char *v)
 {
     static const struct { const char *name; int number; } known[] = {
-        {"0.1.0", 10}, {"0.2.0", 20}, {"0.2.1", OD_SCHEMA_0_2_1}, {"0.2.2", OD_SCHEMA_0_2_2},
+        {"0.1.0", 10}, {"0.2.0", 20}, {"0.2.1", 21}, {"0.2.2", OD_SCHEMA_0_2_2}, {"0.3.0", OD_SCHEMA_0_3_0},
     };
 
     for (const auto &k : known)
@@ -33,6 +33,12 @@ bool
 od_schema_served(int schema)
 {
     return schema == OD_SCHEMA_CURRENT || schema == OD_SCHEMA_PREVIOUS;
+}
+
+bool
+od_schema_announces_endpoint_changes(int schema)
+{
+    return schema >= OD_SCHEMA_0_3_0;
 }
 
 char *

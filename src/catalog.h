@@ -19,15 +19,22 @@
 #include "outbox_dispatcher.h"
 
 /* Extension versions, as major * 100 + minor * 10 + patch (0 = unknown). */
-#define OD_SCHEMA_0_2_1     21
 #define OD_SCHEMA_0_2_2     22
-#define OD_SCHEMA_CURRENT   OD_SCHEMA_0_2_2
-#define OD_SCHEMA_PREVIOUS  OD_SCHEMA_0_2_1
+#define OD_SCHEMA_0_3_0     30
+#define OD_SCHEMA_CURRENT   OD_SCHEMA_0_3_0
+#define OD_SCHEMA_PREVIOUS  OD_SCHEMA_0_2_2
 
 /* The schema number of an extversion string; 0 for one this library never shipped. */
 extern int  od_schema_number(const char *extversion);
 /* Does this library serve that schema (the support policy above)? */
 extern bool od_schema_served(int schema);
+
+/*
+ * Does the schema tell the workers when outbox.endpoints changes (the
+ * endpoints_changed trigger bumps od_shared->endpoints_generation at
+ * commit)?  Without it they re-read the table every poll_interval.
+ */
+extern bool od_schema_announces_endpoint_changes(int schema);
 
 /*
  * The installed extension's version (palloc'd in the current context), or

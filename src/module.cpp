@@ -80,6 +80,7 @@ od_shmem_startup(void)
         memset(od_shared, 0, od_shared_size());
         od_shared->max_endpoints = od_max_endpoints;
         pg_atomic_init_u32(&od_shared->endpoints_unserved, 0);
+        pg_atomic_init_u64(&od_shared->endpoints_generation, 0);
         pg_atomic_init_u64(&od_shared->lost_leases, 0);
         pg_atomic_init_u64(&od_shared->lease_check_at, 0);  /* after a (re)start: check at once */
         for (int i = 0; i < OD_MAX_WORKERS; i++)

@@ -32,7 +32,7 @@ extern "C" {
 #include "core/policy.hpp"
 
 /* The library's version: the newest schema it serves, and the User-Agent. */
-#define OD_LIBRARY_VERSION "0.2.2"
+#define OD_LIBRARY_VERSION "0.3.0"
 
 /* ---------------------------------------------------------------- GUCs (module.cpp) */
 extern char *od_database;
@@ -166,6 +166,7 @@ typedef struct OdShared
     pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
     pg_atomic_uint64 lease_check_at; /* TimestampTz: look for expired leases from then (0 = now) */
     pg_atomic_uint32 endpoints_unserved; /* enabled endpoints the last refresh found no slot for */
+    pg_atomic_uint64 endpoints_generation; /* bumped at the commit of every change of outbox.endpoints (0.3.0) */
     int              max_endpoints; /* slots in od_endpoint_slots() */
     OdWorkerSlot     workers[OD_MAX_WORKERS];
     LWLock          *endpoint_lock; /* assigns and reclaims endpoint slots */
@@ -243,7 +244,6 @@ extern void od_fix_plan_shapes(void);
 
 /* od_claim flags */
 #define OD_CLAIM_CHECK_LEASES 0x01  /* reap and take over expired leases first */
-#define OD_CLAIM_SCHEMA_V022  0x02  /* messages_leased is (lease_until) WHERE lease_until IS NOT NULL */
 
 /*
  * With OD_CLAIM_CHECK_LEASES, reap exhausted expired leases and take over
@@ -286,6 +286,8 @@ extern int64  od_enqueue(Datum *values, bool *nulls);
 
 /* Wake the workers when the current transaction commits. */
 extern void od_wake_at_commit(void);
+/* At commit: bump endpoints_generation and set every worker's latch (the endpoints changed). */
+extern void od_endpoints_changed_at_commit(void);
 /* Wake the workers now. */
 extern void od_wake_workers(void);
 /* Wake one idle worker other than worker `self` (its claim came back full). */

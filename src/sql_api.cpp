@@ -29,6 +29,8 @@ PG_FUNCTION_INFO_V1(od_purge_sql);
 PG_FUNCTION_INFO_V1(od_replay_sql);
 PG_FUNCTION_INFO_V1(od_move_messages_sql);
 PG_FUNCTION_INFO_V1(od_lost_leases_sql);
+PG_FUNCTION_INFO_V1(od_pause_endpoint_sql);
+PG_FUNCTION_INFO_V1(od_resume_endpoint_sql);
 }
 
 static void
@@ -115,25 +117,30 @@ od_enqueue_sql(PG_FUNCTION_ARGS)
 
 /* ---------------------------------------------------------------- claim */
 
-static Datum claim_sql(FunctionCallInfo fcinfo, int flags);
-
-/* outbox.claim() of schemas 0.1.0 to 0.2.1 */
+/*
+ * outbox.claim() of schemas 0.1.0 to 0.2.1, whose messages_leased index the
+ * claim's statements no longer match (catalog.h: not served).
+ */
 extern "C" Datum
 od_claim_sql(PG_FUNCTION_ARGS)
 {
-    return claim_sql(fcinfo, OD_CLAIM_CHECK_LEASES);
+    int   level = od_spi_connect();
+    char *version = od_installed_version();
+
+    od_schema_unserved_error("outbox.claim()", version ? version : "(none)");
+    od_spi_finish(level);
+    PG_RETURN_NULL();
 }
 
-/* outbox.claim() of schema 0.2.2 (messages_leased keyed by lease_until IS NOT NULL) */
+/*
+ * outbox.claim() since 0.2.2: for external relays and tests.  It takes no
+ * part in the workers' shared limits (breaker, rate_limit, max_in_flight):
+ * those are reservations of the workers' requests in flight, and the
+ * caller's requests are not the workers' to count or release.  It always
+ * looks for expired leases first: it is the caller's whole cycle.
+ */
 extern "C" Datum
 od_claim_v022_sql(PG_FUNCTION_ARGS)
-{
-    return claim_sql(fcinfo, OD_CLAIM_CHECK_LEASES | OD_CLAIM_SCHEMA_V022);
-}
-
-/* The SQL claim always looks for expired leases: it is the caller's whole cycle. */
-static Datum
-claim_sql(FunctionCallInfo fcinfo, int flags)
 {
     ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
     char       *owner;
@@ -178,7 +185,7 @@ claim_sql(FunctionCallInfo fcinfo, int flags)
     MemoryContextSwitchTo(oldcxt);
 
     level = od_spi_connect();
-    od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, -1, flags);
+    od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, -1, OD_CLAIM_CHECK_LEASES);
     oldcxt = MemoryContextSwitchTo(per_query);
     {
         /* the claim returns the lease deadline too (the workers' fence); the SQL API returns OD_CLAIM_NATTS */
@@ -401,6 +408,50 @@ od_move_messages_sql(PG_FUNCTION_ARGS)
     if (n > 0)
         od_wake_at_commit();
     PG_RETURN_INT64((int64) n);
+}
+
+/* ---------------------------------------------------------------- pause and resume (0.3.0) */
+
+/* The id of the endpoint named by argument 0; errors if it is null or does not exist. */
+static int64
+endpoint_id_arg(FunctionCallInfo fcinfo)
+{
+    int64 id = 0;
+
+    require_arg(fcinfo, 0, "name");
+    if (od_endpoint_presence(PG_GETARG_DATUM(0), &id) == OD_ENDPOINT_MISSING)
+        ereport(ERROR,
+                (errcode(ERRCODE_UNDEFINED_OBJECT),
+                 errmsg("endpoint \"%s\" does not exist", text_to_cstring(PG_GETARG_TEXT_PP(0)))));
+    return id;
+}
+
+/* outbox.pause_endpoint(name, reason): true if it was enabled */
+extern "C" Datum
+od_pause_endpoint_sql(PG_FUNCTION_ARGS)
+{
+    int   level = od_spi_connect();
+    int64 id = endpoint_id_arg(fcinfo);
+    char *reason = PG_ARGISNULL(1) ? psprintf("paused by %s", GetUserNameFromId(GetUserId(), false))
+                                   : text_to_cstring(PG_GETARG_TEXT_PP(1));
+    bool  changed = od_set_endpoint_enabled(id, false, reason);
+
+    od_spi_finish(level);
+    PG_RETURN_BOOL(changed);
+}
+
+/* outbox.resume_endpoint(name): true if it was disabled; wakes the workers at commit */
+extern "C" Datum
+od_resume_endpoint_sql(PG_FUNCTION_ARGS)
+{
+    int   level = od_spi_connect();
+    int64 id = endpoint_id_arg(fcinfo);
+    bool  changed = od_set_endpoint_enabled(id, true, nullptr);
+
+    od_spi_finish(level);
+    if (changed)
+        od_wake_at_commit();
+    PG_RETURN_BOOL(changed);
 }
 
 /* ---------------------------------------------------------------- counters */

@@ -74,9 +74,9 @@ extern "C" {
 
 /* ---------------------------------------------------------------- plans */
 
-static SPIPlanPtr plan_reap[2] = {nullptr, nullptr};
-static SPIPlanPtr plan_claim[3] = {nullptr, nullptr, nullptr};
-static SPIPlanPtr plan_next_deadline[2] = {nullptr, nullptr};
+static SPIPlanPtr plan_reap = nullptr;
+static SPIPlanPtr plan_claim[2] = {nullptr, nullptr};
+static SPIPlanPtr plan_next_deadline = nullptr;
 static SPIPlanPtr plan_finalize = nullptr;
 static SPIPlanPtr plan_retry = nullptr;
 static SPIPlanPtr plan_retry_dead = nullptr;
@@ -87,16 +87,14 @@ static SPIPlanPtr plan_move = nullptr;
 static SPIPlanPtr plan_enqueue = nullptr;
 
 /*
- * Expired leases.  Schema 0.2.2 indexes leases as messages_leased
+ * Expired leases.  Since 0.2.2 the schema indexes leases as messages_leased
  * (lease_until) WHERE lease_until IS NOT NULL (the same rows as status =
- * 'processing', by messages_lease_check) and its statements name no status:
- * then messages_leased is the only index whose predicate they imply, and no
- * statistics can make the planner walk messages_open (status <> 'done',
- * implied by status = 'processing') and sort.  Older schemas keep the
- * status test their index needs.
+ * 'processing', by messages_lease_check) and these statements name no
+ * status: then messages_leased is the only index whose predicate they
+ * imply, and no statistics can make the planner walk messages_open
+ * (status <> 'done', implied by status = 'processing') and sort.
  */
-#define EXPIRED_V022 "lease_until < now()"
-#define EXPIRED_OLD  "status = 'processing' AND lease_until < now()"
+#define EXPIRED "lease_until < now()"
 
 #define SQL_REAP_TEXT(expired) \
     "WITH expired AS (" \
@@ -110,12 +108,11 @@ static SPIPlanPtr plan_enqueue = nullptr;
     "                    || ' (worker crashed or the request outlived its lease)'" \
     " WHERE m.id = ANY (ARRAY(SELECT id FROM expired))"
 
-static const char *const SQL_REAP[2] = {SQL_REAP_TEXT(EXPIRED_OLD), SQL_REAP_TEXT(EXPIRED_V022)};
+static const char *const SQL_REAP = SQL_REAP_TEXT(EXPIRED);
 
 /* the earliest lease deadline: when the next expired-lease check is due */
-static const char *const SQL_NEXT_DEADLINE[2] = {
-    "SELECT lease_until FROM outbox.messages WHERE status = 'processing' ORDER BY lease_until LIMIT 1",
-    "SELECT lease_until FROM outbox.messages WHERE lease_until IS NOT NULL ORDER BY lease_until LIMIT 1"};
+static const char *const SQL_NEXT_DEADLINE =
+    "SELECT lease_until FROM outbox.messages WHERE lease_until IS NOT NULL ORDER BY lease_until LIMIT 1";
 
 #define SQL_CLAIM_QUOTA \
     "WITH quota AS (" \
@@ -156,13 +153,12 @@ static const char *const SQL_NEXT_DEADLINE[2] = {
     "          o.event_type, o.payload, o.headers, o.ordered, o.created_at, o.lease_until"
 
 /*
- * [0] and [1]: with the expired-lease arm (old schema, 0.2.2); [2]: ready
- * rows only, for when no lease can have expired yet ($4 and $7 unused:
- * declared parameters need not be referenced).
+ * [0]: with the expired-lease arm; [1]: ready rows only, for when no lease
+ * can have expired yet ($4 and $7 unused: declared parameters need not be
+ * referenced).
  */
-static const char *const SQL_CLAIM[3] = {
-    SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED_OLD) SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE,
-    SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED_V022) SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE,
+static const char *const SQL_CLAIM[2] = {
+    SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED) SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE,
     SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE};
 
 static const char *const SQL_FINALIZE =
@@ -360,8 +356,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
     static const Oid claim_types[7] = {TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID,
                                        BOOLARRAYOID};
     const bool  check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
-    const int   v = (flags & OD_CLAIM_SCHEMA_V022) ? 1 : 0;
-    const int   which = check ? v : 2;
+    const int   which = check ? 0 : 1;
     Datum       args[7];
     char        nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
     uint64      reaped = 0;
@@ -372,10 +367,10 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
 
     if (check)
     {
-        od_prepare_hot(&plan_reap[v], SQL_REAP[v], 2, reap_types);
+        od_prepare_hot(&plan_reap, SQL_REAP, 2, reap_types);
         args[0] = Int32GetDatum(max_attempts);
         args[1] = Int32GetDatum(batch);
-        rc = SPI_execute_plan(plan_reap[v], args, nullptr, false, 0);
+        rc = SPI_execute_plan(plan_reap, args, nullptr, false, 0);
         if (rc != SPI_OK_UPDATE)
             elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
         reaped = SPI_processed;
@@ -434,8 +429,8 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
         bool        has = false;
         TimestampTz first = 0;
 
-        od_prepare_hot(&plan_next_deadline[v], SQL_NEXT_DEADLINE[v], 0, nullptr);
-        rc = SPI_execute_plan(plan_next_deadline[v], nullptr, nullptr, true, 1);
+        od_prepare_hot(&plan_next_deadline, SQL_NEXT_DEADLINE, 0, nullptr);
+        rc = SPI_execute_plan(plan_next_deadline, nullptr, nullptr, true, 1);
         if (rc != SPI_OK_SELECT)
             elog(ERROR, "outbox_dispatcher: reading the next lease deadline failed: %s",
                  SPI_result_code_string(rc));

@@ -28,6 +28,7 @@ extern "C" {
 
 PG_FUNCTION_INFO_V1(od_message_check);
 PG_FUNCTION_INFO_V1(od_endpoint_check);
+PG_FUNCTION_INFO_V1(od_endpoint_check_v030);
 }
 
 /*
@@ -88,16 +89,28 @@ column(TriggerData *trig, HeapTuple tup, const char *name, bool *isnull)
     return heap_getattr(tup, attno, desc, isnull);
 }
 
-/* A column that only newer versions of the schema have: *present = false when absent. */
-static Datum
-column_opt(TriggerData *trig, HeapTuple tup, const char *name, bool *isnull, bool *present)
+/*
+ * A required column left null, reported before the NOT NULL constraint
+ * would: that constraint's error quotes the whole row in its DETAIL
+ * ("Failing row contains (...)"), which would put signing_secret, headers
+ * and payloads into the server log.
+ */
+static void
+reject_nulls(TriggerData *trig, HeapTuple tup)
 {
     TupleDesc desc = RelationGetDescr(trig->tg_relation);
-    int       attno = SPI_fnumber(desc, name);
 
-    *present = attno > 0;
-    *isnull = true;
-    return *present ? heap_getattr(tup, attno, desc, isnull) : (Datum) 0;
+    for (int i = 0; i < desc->natts; i++)
+    {
+        Form_pg_attribute att = TupleDescAttr(desc, i);
+
+        if (att->attnotnull && !att->attisdropped && att->attgenerated == '\0' &&
+            heap_attisnull(tup, i + 1, desc))
+            ereport(ERROR,
+                    (errcode(ERRCODE_NOT_NULL_VIOLATION),
+                     errmsg("null value in column \"%s\" of relation \"%s\" violates not-null constraint",
+                            NameStr(att->attname), RelationGetRelationName(trig->tg_relation))));
+    }
 }
 
 /* A text column that will be sent as (part of) an HTTP header value. */
@@ -203,6 +216,8 @@ od_message_check(PG_FUNCTION_ARGS)
     bool        isnull;
     Datum       d;
 
+    reject_nulls(trig, tup);
+
     check_header_safe_text(trig, tup, "aggregate_type", false);
     check_header_safe_text(trig, tup, "aggregate_id", false);
     check_header_safe_text(trig, tup, "event_type", false);
@@ -260,8 +275,79 @@ od_message_check(PG_FUNCTION_ARGS)
 
 /* ---------------------------------------------------------------- endpoints */
 
-extern "C" Datum
-od_endpoint_check(PG_FUNCTION_ARGS)
+/*
+ * The ranges of schemas before 0.3.0, which has them as named domain
+ * constraints instead (sql/outbox_dispatcher--0.2.2--0.3.0.sql).  Delete
+ * with 0.2.2's support (catalog.h).
+ */
+static void
+check_ranges_before_030(TriggerData *trig, HeapTuple tup)
+{
+    bool        isnull;
+    Datum       d;
+
+    /* max_in_flight */
+    d = column(trig, tup, "max_in_flight", &isnull);
+    if (!isnull && (DatumGetInt32(d) < 1 || DatumGetInt32(d) > 10000))
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("max_in_flight must be between 1 and 10000"),
+                 errdetail("The value given is %d.", DatumGetInt32(d))));
+
+    /* defer_statuses */
+    d = column(trig, tup, "defer_statuses", &isnull);
+    if (!isnull)
+    {
+        ArrayType *arr = DatumGetArrayTypeP(d);
+        Datum     *elems;
+        bool      *enulls;
+        int        n;
+
+        if (ARR_NDIM(arr) > 1)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("defer_statuses must be a one-dimensional array")));
+        deconstruct_array(arr, INT4OID, 4, true, TYPALIGN_INT, &elems, &enulls, &n);
+        for (int i = 0; i < n; i++)
+        {
+            int s = enulls[i] ? 0 : DatumGetInt32(elems[i]);
+
+            if (enulls[i] || s < 300 || s > 599)
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("defer_statuses must contain HTTP statuses between 300 and 599"),
+                         errdetail("Element %d is %s.", i + 1, enulls[i] ? "null" : psprintf("%d", s))));
+        }
+    }
+
+    /* limits added in 0.2.0: absent from 0.1.0 tables */
+    if (SPI_fnumber(RelationGetDescr(trig->tg_relation), "rate_limit") > 0)
+    {
+        d = column(trig, tup, "rate_limit", &isnull);
+        if (!isnull && !(DatumGetFloat8(d) >= 0.0001 && DatumGetFloat8(d) <= 1e6))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("rate_limit must be between 0.0001 and 1000000 messages per second, or null for no limit"),
+                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(float8out, d)))));
+        d = column(trig, tup, "breaker_threshold", &isnull);
+        if (!isnull && (DatumGetInt32(d) < 0 || DatumGetInt32(d) > 1000000))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("breaker_threshold must be between 0 (no circuit breaker) and 1000000"),
+                     errdetail("The value given is %d.", DatumGetInt32(d))));
+        d = column(trig, tup, "breaker_cooldown", &isnull);
+        if (!isnull &&
+            (od_interval_us(DatumGetIntervalP(d)) < USECS_PER_SEC / 10 ||
+             od_interval_us(DatumGetIntervalP(d)) > (int64) 3600 * USECS_PER_SEC))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("breaker_cooldown must be between 100 milliseconds and 1 hour"),
+                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(interval_out, d)))));
+    }
+}
+
+static Datum
+endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
 {
     TriggerData *trig = row_trigger_data(fcinfo, "_endpoint_check");
     HeapTuple   tup = new_row(trig);
@@ -269,6 +355,8 @@ od_endpoint_check(PG_FUNCTION_ARGS)
     bool        isnull;
     Datum       d;
     const char *problem;
+
+    reject_nulls(trig, tup);
 
     /* name: shown in logs and errors */
     d = column(trig, tup, "name", &isnull);
@@ -359,65 +447,8 @@ od_endpoint_check(PG_FUNCTION_ARGS)
                      errhint("A request that outlives its lease may be delivered twice.")));
     }
 
-    /* max_in_flight */
-    d = column(trig, tup, "max_in_flight", &isnull);
-    if (!isnull && (DatumGetInt32(d) < 1 || DatumGetInt32(d) > 10000))
-        ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("max_in_flight must be between 1 and 10000"),
-                 errdetail("The value given is %d.", DatumGetInt32(d))));
-
-    /* defer_statuses */
-    d = column(trig, tup, "defer_statuses", &isnull);
-    if (!isnull)
-    {
-        ArrayType *arr = DatumGetArrayTypeP(d);
-        Datum     *elems;
-        bool      *enulls;
-        int        n;
-
-        if (ARR_NDIM(arr) > 1)
-            ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("defer_statuses must be a one-dimensional array")));
-        deconstruct_array(arr, INT4OID, 4, true, TYPALIGN_INT, &elems, &enulls, &n);
-        for (int i = 0; i < n; i++)
-        {
-            int s = enulls[i] ? 0 : DatumGetInt32(elems[i]);
-
-            if (enulls[i] || s < 300 || s > 599)
-                ereport(ERROR,
-                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                         errmsg("defer_statuses must contain HTTP statuses between 300 and 599"),
-                         errdetail("Element %d is %s.", i + 1, enulls[i] ? "null" : psprintf("%d", s))));
-        }
-    }
-
-    /* limits added in 0.2.0 */
-    {
-        bool present;
-
-        d = column_opt(trig, tup, "rate_limit", &isnull, &present);
-        if (present && !isnull && !(DatumGetFloat8(d) >= 0.0001 && DatumGetFloat8(d) <= 1e6))
-            ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("rate_limit must be between 0.0001 and 1000000 messages per second, or null for no limit"),
-                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(float8out, d)))));
-        d = column_opt(trig, tup, "breaker_threshold", &isnull, &present);
-        if (present && !isnull && (DatumGetInt32(d) < 0 || DatumGetInt32(d) > 1000000))
-            ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("breaker_threshold must be between 0 (no circuit breaker) and 1000000"),
-                     errdetail("The value given is %d.", DatumGetInt32(d))));
-        d = column_opt(trig, tup, "breaker_cooldown", &isnull, &present);
-        if (present && !isnull &&
-            (od_interval_us(DatumGetIntervalP(d)) < USECS_PER_SEC / 10 ||
-             od_interval_us(DatumGetIntervalP(d)) > (int64) 3600 * USECS_PER_SEC))
-            ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("breaker_cooldown must be between 100 milliseconds and 1 hour"),
-                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(interval_out, d)))));
-    }
+    if (ranges_in_c)
+        check_ranges_before_030(trig, tup);
 
     if (TRIGGER_FIRED_BY_UPDATE(trig->tg_event))
     {
@@ -428,4 +459,18 @@ od_endpoint_check(PG_FUNCTION_ARGS)
         tup = heap_modify_tuple_by_cols(tup, desc, 1, &attno, &now, &nnull);
     }
     return PointerGetDatum(tup);
+}
+
+/* _endpoint_check() of schemas 0.1.0 to 0.2.2: the ranges are checked here */
+extern "C" Datum
+od_endpoint_check(PG_FUNCTION_ARGS)
+{
+    return endpoint_check(fcinfo, true);
+}
+
+/* _endpoint_check() of schema 0.3.0: the domains check the ranges */
+extern "C" Datum
+od_endpoint_check_v030(PG_FUNCTION_ARGS)
+{
+    return endpoint_check(fcinfo, false);
 }

@@ -1,5 +1,6 @@
 /*
- * wake.cpp — wake the dispatcher workers when messages are committed.
+ * wake.cpp — wake the dispatcher workers when messages are committed, and
+ * tell them when the endpoints changed (endpoints_generation, 0.3.0).
  *
  * A statement-level AFTER INSERT trigger on outbox.messages (and wake(),
  * and the operator functions that make messages ready) only raise a
@@ -21,9 +22,11 @@ extern "C" {
 
 PG_FUNCTION_INFO_V1(od_wake_sql);
 PG_FUNCTION_INFO_V1(od_wake_trigger);
+PG_FUNCTION_INFO_V1(od_endpoints_changed_trigger);
 }
 
 static bool wake_pending = false;
+static bool endpoints_changed_pending = false;
 static bool callback_registered = false;
 
 /*
@@ -96,6 +99,22 @@ od_wake_idle_peer(int self)
         (void) wake_lowest_idle(self);
 }
 
+/* Every worker: each of them reloads its endpoints. */
+static void
+wake_all_workers(void)
+{
+    int n = Min(od_workers, OD_MAX_WORKERS);
+
+    for (int i = 0; i < n; i++)
+    {
+        OdWorkerSlot *w = &od_shared->workers[i];
+        Latch        *latch = w->latch;
+
+        if (w->pid != 0 && latch != nullptr)
+            SetLatch(latch);
+    }
+}
+
 static void
 od_xact_callback(XactEvent event, void *arg)
 {
@@ -103,6 +122,13 @@ od_xact_callback(XactEvent event, void *arg)
     {
         case XACT_EVENT_COMMIT:
         case XACT_EVENT_PARALLEL_COMMIT:
+            /* after ProcArrayEndTransaction: a worker that sees the new generation sees the change */
+            if (endpoints_changed_pending && od_shared != nullptr)
+            {
+                pg_atomic_fetch_add_u64(&od_shared->endpoints_generation, 1);
+                wake_all_workers();
+            }
+            endpoints_changed_pending = false;
             if (wake_pending)
             {
                 wake_pending = false;
@@ -114,21 +140,35 @@ od_xact_callback(XactEvent event, void *arg)
         case XACT_EVENT_PREPARE:
             /* a prepared transaction commits elsewhere; the poll picks it up */
             wake_pending = false;
+            endpoints_changed_pending = false;
             break;
         default:
             break;
     }
 }
 
-void
-od_wake_at_commit(void)
+static void
+register_callback(void)
 {
     if (!callback_registered)
     {
         RegisterXactCallback(od_xact_callback, nullptr);
         callback_registered = true;
     }
+}
+
+void
+od_wake_at_commit(void)
+{
+    register_callback();
     wake_pending = true;
+}
+
+void
+od_endpoints_changed_at_commit(void)
+{
+    register_callback();
+    endpoints_changed_pending = true;
 }
 
 extern "C" Datum
@@ -146,5 +186,23 @@ od_wake_trigger(PG_FUNCTION_ARGS)
                 (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
                  errmsg("function \"_wake_trigger\" must be called as a trigger")));
     od_wake_at_commit();
+    return PointerGetDatum(nullptr);
+}
+
+/*
+ * AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ... FOR EACH STATEMENT on
+ * outbox.endpoints (0.3.0): the workers reload their endpoints when the
+ * change commits.  A change in a subtransaction that is rolled back still
+ * counts (one needless reload); a prepared transaction's change is seen by
+ * the workers' safety poll.
+ */
+extern "C" Datum
+od_endpoints_changed_trigger(PG_FUNCTION_ARGS)
+{
+    if (!CALLED_AS_TRIGGER(fcinfo))
+        ereport(ERROR,
+                (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                 errmsg("function \"_endpoints_changed\" must be called as a trigger")));
+    od_endpoints_changed_at_commit();
     return PointerGetDatum(nullptr);
 }

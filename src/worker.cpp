@@ -261,6 +261,7 @@ observe(TimestampTz now)
     c.oldest_result = W.oldest_outcome_at;
     c.flush_after_us = (int64) FLUSH_AFTER_MS * 1000;
     c.next_refresh = W.sched.next_refresh;
+    c.endpoints_changed = pg_atomic_read_u64(&od_shared->endpoints_generation) != W.endpoints_generation;
     c.purges = W.worker_index == 0 && W.ext_ready && od_retention_s > 0;
     c.next_purge = W.sched.next_purge;
     return c;
@@ -408,8 +409,11 @@ od_worker_main(Datum arg)
             W.sched.next_refresh = 0;   /* a slot we referenced changed hands */
         if (od::refresh_now(observe(now)))
         {
+            /* read before the reload: a change committed during it is seen next time */
+            W.endpoints_generation = pg_atomic_read_u64(&od_shared->endpoints_generation);
             refresh_endpoints();
-            W.sched.next_refresh = TimestampTzPlusMilliseconds(now, od_poll_interval_ms);
+            W.sched.next_refresh = now + od::refresh_period_us(
+                W.ext_ready && od_schema_announces_endpoint_changes(W.schema), (int64) od_poll_interval_ms * 1000);
         }
 
         /* claim when there is room and a reason to look */

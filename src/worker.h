@@ -118,17 +118,18 @@ typedef struct OdWorker
 
     /* the installed extension */
     bool            ext_ready;          /* installed, a schema we serve, and we may use it */
-    bool            ext_missing_logged;
+    uint32          ext_idle_logged;    /* hash of the idle state last logged (| 1); 0 = none */
     int             schema;             /* the installed schema (catalog.h: OD_SCHEMA_*) */
     char           *ext_idle_reason;    /* why the installed extension is not served */
     char           *ext_idle_hint;
 
-    /* the endpoints we serve (enabled ones, refreshed every poll_interval) */
+    /* the endpoints we serve (enabled ones, reloaded on a committed change or every poll_interval) */
     MemoryContext   endpoint_ctx;
     WorkerEndpoint *wendpoints;
     int             n_wendpoints;
     int             pipeline_cap;       /* messages worth holding at once; 0 = batch_size */
     bool            endpoints_stale;    /* a slot changed hands: refresh */
+    uint64          endpoints_generation; /* od_shared->endpoints_generation at the last reload */
 
     /* the ledger: places held in the shared endpoint slots */
     SlotHold       *holds;              /* indexed by slot, n_holds = max_endpoints */

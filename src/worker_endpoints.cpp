@@ -51,7 +51,6 @@ load_endpoint(const OdEndpointRow *r) noexcept
                 e.key.assign(key, key + n);
         }
         e.timeout_ms = (long) r->timeout_ms;
-        e.max_in_flight = r->max_in_flight;
         e.defer_statuses.assign(r->defer, r->defer + r->ndefer);
         W.disp->add_endpoint(e);
     }
@@ -126,7 +125,11 @@ refresh_endpoints(void)
 
     if (!W.ext_ready)
     {
-        if (!W.ext_missing_logged)
+        /* once per state: not installed, then (say) installed at a schema we do not serve */
+        const char *why = installed ? W.ext_idle_reason : "";
+        uint32      said = hash_bytes((const unsigned char *) why, (int) strlen(why)) | 1;
+
+        if (said != W.ext_idle_logged)
         {
             if (installed)
                 ereport(WARNING,
@@ -137,10 +140,10 @@ refresh_endpoints(void)
                         (errmsg("outbox_dispatcher: extension is not installed in database \"%s\"; waiting", od_database),
                          errhint("Run CREATE EXTENSION outbox_dispatcher in that database.")));
         }
-        W.ext_missing_logged = true;
+        W.ext_idle_logged = said;
         return;
     }
-    W.ext_missing_logged = false;
+    W.ext_idle_logged = 0;
     W.disp->begin_endpoints();
     for (int i = 0; i < nrows; i++)
         load_endpoint(&rows[i]);

@@ -163,14 +163,13 @@ void Dispatcher::pump(int64_t now_unix_s) noexcept {
      * endpoint served last: with max_transfers, the places freed by
      * finished transfers go to each endpoint in turn instead of always to
      * the one that happens to come first in the map.  Without the cap every
-     * endpoint still fills up to its max_in_flight, as before.
+     * queued message is sent at once.
      */
     if (!below_max_transfers()) return;
     ready_.clear();
     try {
         for (auto &kv : endpoints_)
-            if (!kv.second.queue.empty() && kv.second.in_flight < kv.second.cfg.max_in_flight)
-                ready_.push_back(&kv.second);
+            if (!kv.second.queue.empty()) ready_.push_back(&kv.second);
     } catch (...) {
         /* out of memory: the endpoints collected so far are served, the rest next time */
     }
@@ -183,7 +182,7 @@ void Dispatcher::pump(int64_t now_unix_s) noexcept {
         for (std::size_t i = 0; i < n && below_max_transfers(); i++) {
             std::size_t k = (first + i) % n;
             EndpointState &ep = *ready_[k];
-            if (ep.queue.empty() || ep.in_flight >= ep.cfg.max_in_flight) continue;
+            if (ep.queue.empty()) continue;
             send_front(ep, now_unix_s);
             next_first_ = k + 1;
             progress = true;

@@ -7,9 +7,12 @@
  *   - keeps the endpoint configuration (refreshed by the worker every
  *     poll_interval) and a FIFO of claimed messages per endpoint;
  *   - builds each request (src/core/request.cpp) and submits it to the
- *     HttpEngine while the endpoint is under its max_in_flight and the
- *     worker under its max_transfers (one socket per transfer: the cap
- *     keeps a worker inside its descriptor budget);
+ *     HttpEngine while the worker is under its max_transfers (one socket
+ *     per transfer: the cap keeps a worker inside its descriptor budget).
+ *     An endpoint's max_in_flight is not enforced here: the worker claims
+ *     no more of an endpoint's messages than the places it reserved in
+ *     the endpoint's shared slot (src/endpoint_state.cpp), so whatever it
+ *     hands over may be sent at once — one mechanism, cluster-wide;
  *   - turns completions into Results with src/core/outcome.cpp, ready for a
  *     batched fenced finalize.
  *
@@ -37,7 +40,6 @@ struct EndpointConfig {
     std::vector<std::string> header_lines;  /* "Name: value" */
     std::vector<unsigned char> key;         /* decoded signing secret; empty = unsigned */
     long timeout_ms = 10000;
-    int max_in_flight = 64;
     std::vector<int> defer_statuses;
 };
 

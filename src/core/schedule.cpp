@@ -34,7 +34,12 @@ bool finalize_now(const WorkerCycle &c) noexcept {
 }
 
 bool refresh_now(const WorkerCycle &c) noexcept {
-    return !backing_off(c) && (c.now >= c.next_refresh || (c.woken && !c.installed));
+    return !backing_off(c) && (c.now >= c.next_refresh || c.endpoints_changed || (c.woken && !c.installed));
+}
+
+int64_t refresh_period_us(bool changes_announced, int64_t poll_interval_us) noexcept {
+    if (!changes_announced) return poll_interval_us;
+    return poll_interval_us > kEndpointSafetyPollUs ? poll_interval_us : kEndpointSafetyPollUs;
 }
 
 bool purge_now(const WorkerCycle &c) noexcept { return c.purges && !backing_off(c) && c.now >= c.next_purge; }

@@ -19,6 +19,11 @@
  *    result has waited flush_after_us (a claim within that time finalizes
  *    them in its own transaction), or when nothing is in flight and no
  *    claim can come to share the transaction.
+ *  - Reload the endpoints when a committed change says so (schema 0.3.0
+ *    announces them), when the reload period is over, or on a wake while
+ *    the extension is missing; the period is poll_interval where changes
+ *    are not announced, a slow safety poll (kEndpointSafetyPollUs, or
+ *    poll_interval if longer) where they are.
  *  - Nothing is reloaded, claimed, finalized or purged before backoff_until
  *    (an error); the sleep deadline is the least of the named deadlines,
  *    but never before backoff_until.
@@ -59,6 +64,7 @@ struct WorkerCycle {
 
     /* other deadlines */
     int64_t next_refresh = 0;        /* reload of the endpoints */
+    bool endpoints_changed = false;  /* a committed change of outbox.endpoints since the last reload */
     bool purges = false;             /* this worker runs the retention purge */
     int64_t next_purge = 0;
 };
@@ -75,6 +81,12 @@ bool finalize_now(const WorkerCycle &c) noexcept;
 /* Whether the endpoints are reloaded now (a wake while the extension is
  * missing may mean CREATE EXTENSION just committed). */
 bool refresh_now(const WorkerCycle &c) noexcept;
+
+/* The slow safety poll of the endpoints where changes are announced. */
+constexpr int64_t kEndpointSafetyPollUs = 30 * 1000000LL;
+
+/* Microseconds from one reload of the endpoints to the next when nothing changes. */
+int64_t refresh_period_us(bool changes_announced, int64_t poll_interval_us) noexcept;
 
 /* Whether the retention purge runs now. */
 bool purge_now(const WorkerCycle &c) noexcept;

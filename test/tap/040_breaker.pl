@@ -1,7 +1,8 @@
 # Copyright: outbox_dispatcher contributors
 #
 # 040_breaker.pl — the per-endpoint circuit breaker (src/endpoint_state.cpp,
-# docs/endpoints.md), end to end through the background workers.
+# docs/operations.md "Circuit breaker, rate limit, max_in_flight and
+# fairness"), end to end through the background workers.
 #
 # Proves, with 2 workers, endpoint "flaky" (sink answers 503,
 # breaker_threshold 3, breaker_cooldown 2 s) and endpoint "steady" (200):

@@ -1,7 +1,7 @@
 # Copyright: outbox_dispatcher contributors
 #
 # 041_gone.pl — 410 Gone disables the endpoint instead of killing messages
-# (src/worker.cpp do_finalize, docs/endpoints.md "410 Gone").
+# (src/worker.cpp do_finalize, docs/operations.md "410 Gone").
 #
 # Proves, with 2 workers, endpoint "gone" (sink answers 410) and endpoint
 # "other" (200):

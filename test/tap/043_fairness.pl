@@ -2,7 +2,7 @@
 #
 # 043_fairness.pl — one endpoint's backlog does not delay another endpoint
 # (src/worker.cpp do_claim: per-endpoint quotas, rotating order;
-# docs/endpoints.md "a backlog of any size on one endpoint cannot delay
+# docs/operations.md "a backlog of any size on one endpoint cannot delay
 # another endpoint's messages by more than a cycle").
 #
 # Proves, with default-ish settings (2 workers, batch_size 100,

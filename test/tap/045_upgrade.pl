@@ -1,38 +1,36 @@
 # Copyright: outbox_dispatcher contributors
 #
-# 045_upgrade.pl — ALTER EXTENSION outbox_dispatcher UPDATE from 0.1.0 to
-# 0.2.0, then to 0.2.1, then to 0.2.2, under running workers
-# (sql/outbox_dispatcher--0.1.0--0.2.0.sql, sql/outbox_dispatcher--0.2.0--0.2.1.sql,
-# sql/outbox_dispatcher--0.2.1--0.2.2.sql, docs/endpoints.md "Upgrading").
+# 045_upgrade.pl — ALTER EXTENSION outbox_dispatcher UPDATE from 0.1.0
+# through 0.2.0, 0.2.1 and 0.2.2 to 0.3.0, under running workers
+# (sql/outbox_dispatcher--*--*.sql, docs/operations.md "Upgrading").
 #
-# Proves, with 2 workers running the new library throughout:
+# Proves, with 2 workers running the new library throughout, the support
+# policy (src/catalog.h: the library serves its own schema and the previous
+# one) and every update step:
 #   - on schema 0.1.0 (CREATE EXTENSION ... VERSION '0.1.0'): extversion
-#     0.1.0, no 0.2.0 column or function; the workers deliver (5 messages
-#     done), with no error in the server log; a 410 disables the endpoint and
-#     puts the message back (the 0.1.0 table has no disabled_reason);
-#   - messages of a disabled endpoint are pending at upgrade time (inserted
-#     while it is disabled);
-#   - ALTER EXTENSION outbox_dispatcher UPDATE: extversion 0.2.0; the new
-#     columns exist with their defaults (rate_limit NULL, breaker_threshold
-#     5, breaker_cooldown 30 s, disabled_reason NULL) on existing rows;
-#     outbox.endpoint_health and the functions pause_endpoint,
-#     resume_endpoint, replay, move_messages, metrics exist and belong to
-#     the extension; outbox_monitor may read the new columns and the view;
-#     messages_ready is now on (endpoint, available_at, id) WHERE pending;
-#   - resume_endpoint() of the disabled endpoint: its pending messages are
-#     delivered; new messages are delivered as well;
-#   - the workers read the 0.2.0 settings without a restart: an endpoint
-#     given breaker_threshold 2 after the update opens its breaker after
-#     exactly 2 failures (0.1.0 defaults: 5);
-#   - the outcome: every message done but the 503 ones, no lost lease, no
-#     error in the server log;
-#   - ALTER EXTENSION ... UPDATE to 0.2.1: endpoints get distinct ids,
-#     enqueue() is SECURITY INVOKER with a pinned search_path, the workers
-#     keep delivering and endpoint_health finds their state by id.
-#   - ALTER EXTENSION ... UPDATE to 0.2.2 while an SQL claim holds a lease:
-#     messages_leased is keyed by lease_until IS NOT NULL, the table has
-#     fillfactor 50, claim() is bound to the 0.2.2 entry point; the workers
-#     take the old lease over once it expires and keep delivering.
+#     0.1.0, no 0.2.0 column or function; the workers do not deliver, and
+#     each says so once with a hint to ALTER EXTENSION ... UPDATE; producers
+#     can still enqueue; outbox.claim() of 0.1.0 raises the same hint;
+#   - ALTER EXTENSION outbox_dispatcher UPDATE TO '0.2.0': the new columns
+#     exist with their defaults on existing rows; outbox.endpoint_health and
+#     pause_endpoint, resume_endpoint, replay, move_messages, metrics exist
+#     and belong to the extension, with their privileges; messages_ready is
+#     on (endpoint, available_at, id) WHERE pending; still no delivery;
+#   - UPDATE TO '0.2.1': endpoints get distinct ids, enqueue() is SECURITY
+#     INVOKER with a pinned search_path; still no delivery;
+#   - UPDATE TO '0.2.2' (the previous schema, served): the workers deliver
+#     everything that waited, without a restart; a 410 disables the endpoint
+#     and puts the message back; resume_endpoint() of a disabled endpoint
+#     delivers its messages; breaker_threshold 2 opens after 2 failures;
+#   - UPDATE to 0.3.0 while an SQL claim holds a lease: the ranges are
+#     domains with named constraints, endpoints_changed is in place, the
+#     trigger, pause_endpoint and resume_endpoint are the library's; the
+#     workers take the old lease over once it expires and keep delivering;
+#   - the upgraded schema is the fresh install's: pg_dump --schema-only
+#     --binary-upgrade (which lists an extension's member objects) of this
+#     database and of a database where 0.3.0 was installed directly are the
+#     same but for oids;
+#   - no lost lease and no ERROR in the server log beyond the ones asked for.
 #
 # Run: see 010_delivery.pl.
 use strict;
@@ -60,6 +58,7 @@ outbox_dispatcher.defer_delay = 500ms
 outbox_dispatcher.max_attempts = 50
 });
 $node->start;
+my $log_start = -s $node->logfile;
 $node->safe_psql('postgres', q{CREATE EXTENSION outbox_dispatcher VERSION '0.1.0'});
 is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
 	'0.1.0', 'installed at 0.1.0');
@@ -85,37 +84,43 @@ INSERT INTO outbox.endpoints (name, url, enabled) VALUES
   ('gone',  '" . $sink->url('/gone') . "', true)");
 my $log_offset = -s $node->logfile;
 
-# ------------------------------------------------------------------ workers on 0.1.0
+# ------------------------------------------------------------------ 0.1.0: not served
+sub extversion
+{
+	return $node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'});
+}
+
+sub log_errors
+{
+	my ($from) = @_;
+	return grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, slurp_file($node->logfile, $from);
+}
+
 $node->safe_psql('postgres',
 	q{SELECT count(outbox.enqueue('order', g::text, 'order.created', jsonb_build_object('n', g), 'live'))
 	    FROM generate_series(1, 5) AS g});
-ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'live' AND status = 'done'}, '5', 15),
-	'0.1.0: the workers deliver');
-is($sink->stats('/live')->{ok_distinct_ids}, 5, '0.1.0: the sink got the 5 ids');
 my $gone_id = $node->safe_psql('postgres', q{SELECT outbox.enqueue('order', 'g', 'order.created', '{}', 'gone')});
-ok(poll_until($node, q{SELECT enabled FROM outbox.endpoints WHERE name = 'gone'}, 'f', 10),
-	'0.1.0: a 410 disables the endpoint');
-ok(poll_until($node, "SELECT status, attempts, last_http_status FROM outbox.messages WHERE id = $gone_id", 'pending|0|410', 10),
-	'0.1.0: the 410 message is pending again with its attempt refunded');
+ok( poll_until(
+		$node, q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'}, '2', 15),
+	'0.1.0: both workers are running');
+sleep 1;    # ten poll intervals
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages WHERE status = 'pending' AND attempts = 0}),
+	'6', '0.1.0: producers can enqueue, and nothing is claimed');
+is($sink->stats->{total} // 0, 0, '0.1.0: no request reached the sink');
 {
-	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, slurp_file($node->logfile, $log_offset);
-	is(scalar @errors, 0, '0.1.0: no ERROR in the server log') or diag(join("\n", @errors));
+	my $log = slurp_file($node->logfile, $log_start);
+	my @said = ($log =~ /not delivering: extension version "0\.1\.0" is not served by this library \(0\.3\.0\)\n[^\n]*HINT:  Run ALTER EXTENSION outbox_dispatcher UPDATE/g);
+	is(scalar @said, 2, '0.1.0: each worker says once that it does not serve 0.1.0, with the UPDATE hint')
+	  or diag($log);
 }
+my ($rc, $out, $err) = $node->psql('postgres', q{SELECT * FROM outbox.claim('upgrade-test', 1, '1 minute')});
+like($err, qr/ERROR:  outbox\.claim\(\) of extension version 0\.1\.0 is not served by library version 0\.3\.0\n.*HINT:  Run ALTER EXTENSION outbox_dispatcher UPDATE\./s,
+	'0.1.0: claim() raises the same hint');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages WHERE status <> 'pending'}), '0', '... and changes nothing');
 
-# pending at upgrade time: inserted while the endpoint is disabled
-$node->safe_psql(
-	'postgres', q{
-INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)
-SELECT 'order', g::text, 'order.later', jsonb_build_object('n', g), 'later' FROM generate_series(1, 5) AS g});
-sleep 0.5;
-is( $node->safe_psql('postgres',
-		q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'later' AND status = 'pending' AND attempts = 0}),
-	'5', 'the 5 messages of the disabled endpoint are pending');
-
-# ------------------------------------------------------------------ ALTER EXTENSION UPDATE
+# ------------------------------------------------------------------ 0.1.0 -> 0.2.0
 $node->safe_psql('postgres', q{ALTER EXTENSION outbox_dispatcher UPDATE TO '0.2.0'});
-is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
-	'0.2.0', 'updated to 0.2.0');
+is(extversion(), '0.2.0', 'updated to 0.2.0');
 is( $node->safe_psql(
 		'postgres', q{
 SELECT concat_ws('|', coalesce(rate_limit::text, 'null'), breaker_threshold, breaker_cooldown,
@@ -154,59 +159,10 @@ is($new_index,
 	q{CREATE INDEX messages_ready ON outbox.messages USING btree (endpoint, available_at, id) WHERE (status = 'pending'::text)},
 	'messages_ready is on (endpoint, available_at, id) WHERE pending');
 isnt($new_index, $old_index, '... which it was not on 0.1.0');
-is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.endpoint_health}), '3', 'endpoint_health lists the 3 endpoints');
 
-# ------------------------------------------------------------------ deliveries after the update
-is($node->safe_psql('postgres', q{SELECT outbox.resume_endpoint('later')}), 't', 'resume_endpoint(later)');
-ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'later' AND status = 'done'}, '5', 15),
-	'the messages pending at upgrade time are delivered');
-is($sink->stats('/later')->{ok_distinct_ids}, 5, 'the sink got them');
-$node->safe_psql('postgres',
-	q{SELECT count(outbox.enqueue('order', g::text, 'order.created', jsonb_build_object('n', g), 'live'))
-	    FROM generate_series(6, 10) AS g});
-ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'live' AND status = 'done'}, '10', 15),
-	'new messages are delivered after the update');
-$sink->script({ path => '/gone', status => 200 });
-is($node->safe_psql('postgres', q{SELECT outbox.resume_endpoint('gone')}), 't', 'resume_endpoint(gone)');
-ok(poll_until($node, "SELECT status, attempts FROM outbox.messages WHERE id = $gone_id", 'done|1', 15),
-	'the message put back by the 410 on 0.1.0 is delivered');
-
-# the workers use the 0.2.0 settings: breaker_threshold 2 (0.1.0 defaults: 5)
-$node->safe_psql('postgres',
-	"INSERT INTO outbox.endpoints (name, url, breaker_threshold, breaker_cooldown)
-	 VALUES ('flaky', '" . $sink->url('/flaky') . "', 2, '1 hour')");
-my $fid = $node->safe_psql('postgres', q{SELECT outbox.enqueue('order', 'f', 'order.created', '{}', 'flaky')});
-ok(poll_until($node, q{SELECT state, consecutive_failures FROM outbox.endpoint_health WHERE endpoint = 'flaky'}, 'open|2', 10),
-	'breaker_threshold 2: the breaker opens after 2 failures');
-sleep 0.5;
-is($sink->stats->{by_path}{'/flaky'}, 2, 'exactly 2 requests reached the failing endpoint');
-is($node->safe_psql('postgres', "SELECT status, attempts FROM outbox.messages WHERE id = $fid"), 'pending|2',
-	'its message waits, pending, with 2 attempts');
-
-# ------------------------------------------------------------------ the outcome
-is( $node->safe_psql('postgres',
-		q{SELECT string_agg(endpoint || ':' || status || ':' || n, ' ' ORDER BY endpoint, status)
-		    FROM (SELECT endpoint, status, count(*) AS n FROM outbox.messages GROUP BY 1, 2) AS s}),
-	'flaky:pending:1 gone:done:1 later:done:5 live:done:10', 'every message delivered but the failing one');
-is($node->safe_psql('postgres', 'SELECT lost_leases FROM outbox.health'), '0', 'no lost lease');
-{
-	my $log = slurp_file($node->logfile, $log_offset);
-	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, $log;
-	is(scalar @errors, 0, 'no ERROR in the server log') or diag(join("\n", @errors));
-}
-
-# ------------------------------------------------------------------ 0.2.0 -> 0.2.1 (security release)
+# ------------------------------------------------------------------ 0.2.0 -> 0.2.1
 $node->safe_psql('postgres', q{ALTER EXTENSION outbox_dispatcher UPDATE TO '0.2.1'});
-is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
-	'0.2.1', 'updated to 0.2.1');
-# the workers re-read the endpoints every poll_interval (100 ms): from then on
-# their shared state is keyed by the new ids (the 0.2.0 name-hash slots are left behind)
-ok( poll_until(
-		$node, q{
-SELECT count(*) FROM outbox._endpoint_health() AS h
-  JOIN outbox.endpoints AS e ON h.relid = e.tableoid AND h.endpoint_id = e.id
- WHERE e.name = 'live'}, '1', 15),
-	'the workers keyed the endpoint state by its new id');
+is(extversion(), '0.2.1', 'updated to 0.2.1');
 is( $node->safe_psql(
 		'postgres', q{SELECT count(*) = count(DISTINCT id) AND bool_and(id IS NOT NULL) FROM outbox.endpoints}),
 	't', 'existing endpoints got distinct ids');
@@ -215,22 +171,47 @@ is( $node->safe_psql(
 SELECT p.prosecdef, p.proconfig::text FROM pg_proc AS p
  WHERE p.oid = 'outbox.enqueue(text,text,text,jsonb,text,boolean,timestamptz,jsonb)'::regprocedure}),
 	'f|{"search_path=pg_catalog, pg_temp"}', 'enqueue() runs with the caller\'s rights and a pinned search_path');
-$node->safe_psql('postgres',
-	q{SELECT count(outbox.enqueue('order', g::text, 'order.created', jsonb_build_object('n', g), 'live'))
-	    FROM generate_series(11, 15) AS g});
-ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'live' AND status = 'done'}, '15', 15),
-	'the workers deliver on 0.2.1 without a restart');
-ok( poll_until(
-		$node, q{SELECT delivered > 0 FROM outbox.endpoint_health WHERE endpoint = 'live'}, 't', 15),
-	'endpoint_health finds the shared state by endpoint id');
-is($node->safe_psql('postgres', 'SELECT lost_leases FROM outbox.health'), '0', 'still no lost lease');
+sleep 0.5;
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages WHERE status <> 'pending'}), '0',
+	'0.2.0 and 0.2.1 are not served either');
 {
-	my $log = slurp_file($node->logfile, $log_offset);
-	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, $log;
-	is(scalar @errors, 0, 'no ERROR in the server log after the second update') or diag(join("\n", @errors));
+	my @errors = grep { !/outbox\.claim\(\) of extension version 0\.1\.0/ && !/STATEMENT:/ } log_errors($log_offset);
+	is(scalar @errors, 0, 'no ERROR in the server log but the claim asked for') or diag(join("\n", @errors));
 }
 
-# ------------------------------------------------------------------ 0.2.1 -> 0.2.2 (performance)
+# ------------------------------------------------------------------ 0.2.1 -> 0.2.2: the previous schema, served
+$log_offset = -s $node->logfile;
+$node->safe_psql('postgres', q{ALTER EXTENSION outbox_dispatcher UPDATE TO '0.2.2'});
+is(extversion(), '0.2.2', 'updated to 0.2.2');
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'live' AND status = 'done'}, '5', 15),
+	'0.2.2: the workers deliver what waited, without a restart');
+is($sink->stats('/live')->{ok_distinct_ids}, 5, '0.2.2: the sink got the 5 ids');
+ok(poll_until($node, q{SELECT enabled, disabled_reason FROM outbox.endpoints WHERE name = 'gone'},
+		'f|HTTP 410 Gone received by the dispatcher', 10),
+	'0.2.2: a 410 disables the endpoint');
+ok(poll_until($node, "SELECT status, attempts, last_http_status FROM outbox.messages WHERE id = $gone_id", 'pending|0|410', 10),
+	'0.2.2: the 410 message is pending again with its attempt refunded');
+$node->safe_psql(
+	'postgres', q{
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)
+SELECT 'order', g::text, 'order.later', jsonb_build_object('n', g), 'later' FROM generate_series(1, 5) AS g});
+is($node->safe_psql('postgres', q{SELECT outbox.resume_endpoint('later')}), 't', '0.2.2: resume_endpoint(later)');
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'later' AND status = 'done'}, '5', 15),
+	'0.2.2: the messages of the resumed endpoint are delivered');
+$node->safe_psql('postgres',
+	"INSERT INTO outbox.endpoints (name, url, breaker_threshold, breaker_cooldown)
+	 VALUES ('flaky', '" . $sink->url('/flaky') . "', 2, '1 hour')");
+my $fid = $node->safe_psql('postgres', q{SELECT outbox.enqueue('order', 'f', 'order.created', '{}', 'flaky')});
+ok(poll_until($node, q{SELECT state, consecutive_failures FROM outbox.endpoint_health WHERE endpoint = 'flaky'}, 'open|2', 10),
+	'0.2.2: breaker_threshold 2: the breaker opens after 2 failures');
+sleep 0.5;
+is($sink->stats->{by_path}{'/flaky'}, 2, 'exactly 2 requests reached the failing endpoint');
+{
+	my @errors = log_errors($log_offset);
+	is(scalar @errors, 0, 'no ERROR in the server log on 0.2.2') or diag(join("\n", @errors));
+}
+
+# ------------------------------------------------------------------ 0.2.2 -> 0.3.0
 $log_offset = -s $node->logfile;
 $node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = off; SELECT pg_reload_conf();});
 ok(poll_until($node, q{SELECT bool_and(state = 'paused') FROM outbox.worker_stats}, 't', 30), 'workers paused');
@@ -239,34 +220,84 @@ is( $node->safe_psql(
 		'postgres', "SELECT count(*) FILTER (WHERE id = $held) FROM outbox.claim('upgrade-test', 100, '2 seconds')"),
 	'1', 'an SQL claim holds a lease across the update');
 $node->safe_psql('postgres', 'ALTER EXTENSION outbox_dispatcher UPDATE');
-is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),
-	'0.2.2', 'updated to 0.2.2');
-is($node->safe_psql('postgres', q{SELECT pg_get_indexdef('outbox.messages_leased'::regclass)}),
-	'CREATE INDEX messages_leased ON outbox.messages USING btree (lease_until) WHERE (lease_until IS NOT NULL)',
-	'messages_leased is keyed by lease_until IS NOT NULL');
-is($node->safe_psql('postgres', q{SELECT reloptions::text FROM pg_class WHERE oid = 'outbox.messages'::regclass}),
-	'{autovacuum_vacuum_scale_factor=0.0,autovacuum_vacuum_threshold=10000,autovacuum_analyze_scale_factor=0.02,fillfactor=50}',
-	'outbox.messages has fillfactor 50');
+is(extversion(), '0.3.0', 'updated to 0.3.0');
 is( $node->safe_psql(
 		'postgres', q{
-SELECT p.prosrc, p.proconfig::text FROM pg_proc AS p
- WHERE p.oid = 'outbox.claim(text,integer,interval,integer)'::regprocedure}),
-	'od_claim_v022_sql|{"search_path=pg_catalog, pg_temp"}', 'claim() is bound to the 0.2.2 entry point');
+SELECT string_agg(a.attname || ':' || format_type(a.atttypid, a.atttypmod), ' ' ORDER BY a.attnum)
+  FROM pg_attribute AS a
+ WHERE a.attrelid = 'outbox.endpoints'::regclass
+   AND a.attname IN ('max_in_flight', 'defer_statuses', 'rate_limit', 'breaker_threshold', 'breaker_cooldown')}),
+	'max_in_flight:outbox.endpoint_max_in_flight defer_statuses:outbox.http_statuses '
+	  . 'rate_limit:outbox.endpoint_rate_limit breaker_threshold:outbox.breaker_threshold '
+	  . 'breaker_cooldown:outbox.breaker_cooldown',
+	'0.3.0: the ranged columns are domains');
+($rc, $out, $err) = $node->psql('postgres', q{UPDATE outbox.endpoints SET max_in_flight = 0 WHERE name = 'live'});
+like($err, qr/violates check constraint "max_in_flight_between_1_and_10000"/, '0.3.0: the domain names the rule');
+is( $node->safe_psql(
+		'postgres', q{
+SELECT string_agg(p.proname || ':' || p.prosrc, ' ' ORDER BY p.proname) FROM pg_proc AS p
+ WHERE p.pronamespace = 'outbox'::regnamespace
+   AND p.proname IN ('_endpoint_check', '_endpoints_changed', 'pause_endpoint', 'resume_endpoint')}),
+	'_endpoint_check:od_endpoint_check_v030 _endpoints_changed:od_endpoints_changed_trigger '
+	  . 'pause_endpoint:od_pause_endpoint_sql resume_endpoint:od_resume_endpoint_sql',
+	'0.3.0: the trigger functions, pause and resume are the library\'s');
+is( $node->safe_psql(
+		'postgres', q{
+SELECT has_function_privilege('outbox_admin', 'outbox.pause_endpoint(text,text)', 'EXECUTE')
+   AND NOT has_function_privilege('outbox_monitor', 'outbox.pause_endpoint(text,text)', 'EXECUTE')
+   AND has_table_privilege('outbox_monitor', 'outbox.endpoint_health', 'SELECT')}),
+	't', '0.3.0: pause keeps its privileges, the recreated view its grants');
 $node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = on; SELECT pg_reload_conf();});
 ok(poll_until($node, "SELECT status || '/' || lease_version FROM outbox.messages WHERE id = $held", 'done/2', 20),
 	'the workers took the lease set before the update over and delivered the message');
 $node->safe_psql('postgres',
 	q{SELECT count(outbox.enqueue('order', g::text, 'order.created', jsonb_build_object('n', g), 'live'))
 	    FROM generate_series(21, 25) AS g});
-ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'live' AND status = 'done'}, '21', 15),
-	'the workers deliver on 0.2.2 without a restart');
-is( $node->safe_psql('postgres', q{SELECT count(*) FROM outbox.claim('upgrade-test', 1, '1 minute') WHERE false}),
-	'0', 'claim() of 0.2.2 runs');
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'live' AND status = 'done'}, '11', 15),
+	'the workers deliver on 0.3.0 without a restart');
+$sink->script({ path => '/gone', status => 200 });
+is($node->safe_psql('postgres', q{SELECT outbox.resume_endpoint('gone')}), 't', '0.3.0: resume_endpoint(gone)');
+ok(poll_until($node, "SELECT status, attempts FROM outbox.messages WHERE id = $gone_id", 'done|1', 15),
+	'the message put back by the 410 on 0.2.2 is delivered');
+is($node->safe_psql('postgres', q{SELECT outbox.pause_endpoint('later')}), 't', '0.3.0: pause_endpoint(later)');
+is($node->safe_psql('postgres', q{SELECT enabled, disabled_reason FROM outbox.endpoints WHERE name = 'later'}),
+	'f|paused by ' . $node->safe_psql('postgres', 'SELECT current_user'), '... records who paused it');
+is($node->safe_psql('postgres', 'SELECT lost_leases FROM outbox.health'), '0', 'no lost lease');
 {
-	my $log = slurp_file($node->logfile, $log_offset);
-	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, $log;
-	is(scalar @errors, 0, 'no ERROR in the server log after the third update') or diag(join("\n", @errors));
+	my @errors = grep { !/violates check constraint "max_in_flight_between_1_and_10000"/ && !/STATEMENT:/ } log_errors($log_offset);
+	is(scalar @errors, 0, 'no ERROR in the server log on 0.3.0 but the one asked for') or diag(join("\n", @errors));
 }
+
+# ------------------------------------------------------------------ upgraded = installed
+$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('fresh', 'CREATE EXTENSION outbox_dispatcher');
+is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}), '0.3.0',
+	'a fresh install is 0.3.0');
+sub schema_dump
+{
+	my ($db) = @_;
+	my $dump = '';
+	IPC::Run::run([ 'pg_dump', '--schema-only', '--binary-upgrade',
+			'-d', $node->connstr($db) ], '>', \$dump)
+	  or die "pg_dump $db failed";
+	# oids, transaction ids, sequence positions, the dump's random \restrict
+	# key and the database's own name are all that may differ
+	my @lines = grep {
+		!/binary_upgrade_set_next_|relfrozenxid|^-- Dumped|^SET |^SELECT pg_catalog\.set_config|^SELECT pg_catalog\.setval|^\\(un)?restrict /
+	} split /\n/, $dump;
+	for (@lines)
+	{
+		s/'\d+'::pg_catalog\.oid/OID/g;
+		s/\boid = '\d+'/oid = OID/g;
+		s/pg_toast_\d+/pg_toast_OID/g;
+		s/\b\d+\b/OID/g if /binary_upgrade_create_empty_extension/;    # the config tables' oids
+	}
+	s/\b(postgres|fresh)\b/DB/g for @lines;
+	return join("\n", @lines);
+}
+my ($upgraded, $fresh) = (schema_dump('postgres'), schema_dump('fresh'));
+like($upgraded, qr/CREATE DOMAIN outbox\.endpoint_max_in_flight/, 'the dump lists the member objects');
+is($upgraded, $fresh, 'pg_dump --schema-only --binary-upgrade: the upgraded schema is the fresh install\'s');
 
 $sink->stop;
 $node->stop;

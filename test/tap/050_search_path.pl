@@ -155,6 +155,7 @@ sub wait_workers_cycled
 	my $before = sq(q{SELECT string_agg(worker::text || ':' || cycles::text, ',' ORDER BY worker)
 	                    FROM outbox.worker_stats WHERE pid IS NOT NULL});
 	return 0 unless $before;
+	sq('SELECT pg_reload_conf()');    # a paused worker sleeps until something wakes it
 	my $cond = join(' AND ',
 		map { my ($w, $c) = split /:/; "bool_or(worker = $w AND cycles >= $c + 1)" } split /,/, $before);
 	return poll("SELECT $cond FROM outbox.worker_stats", 't', 20);

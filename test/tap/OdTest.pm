@@ -23,7 +23,9 @@ Errors (e.g. while the server restarts after a crash) count as "not yet".
 
 wait_workers_cycled($node) waits until every worker has started another
 loop iteration (outbox.worker_stats.cycles went up): a reload signalled
-before the call has then been processed.
+before the call has then been processed.  It signals one more reload
+itself (pg_reload_conf(), which sets every worker's latch): a paused or
+idle worker sleeps until something wakes it, not every poll_interval.
 
 sql_quote($s) quotes a string as an SQL literal.
 
@@ -67,6 +69,7 @@ sub wait_workers_cycled
 	my ($node) = @_;
 	my $before = $node->safe_psql('postgres',
 		q{SELECT string_agg(worker || ':' || cycles, ',' ORDER BY worker) FROM outbox.worker_stats});
+	$node->safe_psql('postgres', 'SELECT pg_reload_conf()');
 	my $cond = join(' AND ',
 		map { my ($w, $c) = split /:/; "bool_or(worker = $w AND cycles >= $c + 1)" }
 		  split /,/, $before);

@@ -341,7 +341,7 @@ TEST_F(HttpEngineTest, OnlyHttpAndHttps) {
     EXPECT_EQ(done[0].status, 0);
 }
 
-TEST(Dispatcher, ClassifiesAndRespectsMaxInFlight) {
+TEST(Dispatcher, ClassifiesOutcomes) {
     LoopbackServer server;
     od::Dispatcher d;
     ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 42));
@@ -352,7 +352,6 @@ TEST(Dispatcher, ClassifiesAndRespectsMaxInFlight) {
     od::EndpointConfig ok;
     ok.name = "ok";
     ok.url = server.url("/ok");
-    ok.max_in_flight = 2;
     ok.timeout_ms = 5000;
     od::EndpointConfig busy = ok;
     busy.name = "busy";
@@ -382,8 +381,8 @@ TEST(Dispatcher, ClassifiesAndRespectsMaxInFlight) {
     ASSERT_TRUE(d.add(std::move(unknown)));
 
     d.pump(1700000000);
-    EXPECT_EQ(d.in_flight(), 3u);  // 2 for "ok" (max_in_flight), 1 for "busy"
-    EXPECT_EQ(d.queued(), 2u);
+    EXPECT_EQ(d.in_flight(), 5u);  // 4 for "ok", 1 for "busy"; "nope" failed at once
+    EXPECT_EQ(d.queued(), 0u);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (d.outcomes().size() < 6 && std::chrono::steady_clock::now() < deadline) {
         const auto &socks = d.engine().sockets();
@@ -423,10 +422,12 @@ TEST(Dispatcher, AbandonReleasesQueuedAndInFlight) {
     LoopbackServer server;
     od::Dispatcher d;
     ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 1));
+    od::DispatcherSettings s;
+    s.max_transfers = 1;  // one in flight, two queued
+    d.set_settings(s);
     od::EndpointConfig slow;
     slow.name = "slow";
     slow.url = server.url("/slow");
-    slow.max_in_flight = 1;
     slow.timeout_ms = 5000;
     d.begin_endpoints();
     d.add_endpoint(slow);
@@ -712,7 +713,6 @@ TEST(LocalFailure, DispatcherRefundsOutOfDescriptors) {
         od::EndpointConfig ep;
         ep.name = "ep";
         ep.url = url;
-        ep.max_in_flight = 100;
         d.begin_endpoints();
         d.add_endpoint(ep);
         d.end_endpoints();
@@ -793,7 +793,6 @@ TEST(Dispatcher, MaxTransfersCapsTransfersAcrossTheWorker) {
     od::EndpointConfig ep;
     ep.name = "slow";
     ep.url = server.url("/slowish");
-    ep.max_in_flight = 100;
     ep.timeout_ms = 5000;
     d.begin_endpoints();
     ASSERT_TRUE(d.add_endpoint(ep));
@@ -829,7 +828,6 @@ TEST(Dispatcher, MaxTransfersSharesPlacesBetweenEndpoints) {
     od::EndpointConfig a;
     a.name = "a";
     a.url = server.url("/ok?ep=a");
-    a.max_in_flight = 100;
     od::EndpointConfig b = a;
     b.name = "b";
     b.url = server.url("/ok?ep=b");
@@ -857,14 +855,15 @@ TEST(Dispatcher, ZeroMaxTransfersIsUnlimited) {
     od::EndpointConfig ep;
     ep.name = "ok";
     ep.url = server.url("/ok");
-    ep.max_in_flight = 8;
     d.begin_endpoints();
     ASSERT_TRUE(d.add_endpoint(ep));
     d.end_endpoints();
-    for (int i = 1; i <= 10; i++) ASSERT_TRUE(d.add(message(i, "ok", 1)));
+    for (int i = 1; i <= 100; i++) ASSERT_TRUE(d.add(message(i, "ok", 1)));
     d.pump(1700000000);
-    EXPECT_EQ(d.in_flight(), 8u);  // only max_in_flight holds them back
-    EXPECT_EQ(d.queued(), 2u);
+    // every message handed over goes out at once: an endpoint's max_in_flight
+    // is the worker's reservation in the shared slot, not a second gate here
+    EXPECT_EQ(d.in_flight(), 100u);
+    EXPECT_EQ(d.queued(), 0u);
     d.abandon(1700000000, "test over");
 }
 
@@ -880,7 +879,6 @@ TEST(Dispatcher, MaxTransfersShrinksTheKeepAlivePool) {
     od::EndpointConfig ep;
     ep.name = "ok";
     ep.url = server.url("/slowish");
-    ep.max_in_flight = 100;
     d.begin_endpoints();
     ASSERT_TRUE(d.add_endpoint(ep));
     d.end_endpoints();
@@ -922,7 +920,6 @@ TEST(Dispatcher, PoolConnectionsGrowsTheKeepAlivePool) {
         od::EndpointConfig ep;
         ep.name = "ok";
         ep.url = server.url("/slowish");
-        ep.max_in_flight = 100;
         d.begin_endpoints();
         ASSERT_TRUE(d.add_endpoint(ep));
         d.end_endpoints();

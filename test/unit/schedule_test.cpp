@@ -140,6 +140,21 @@ TEST(Schedule, RefreshWhenDueOrWokenWhileNotInstalled) {
     EXPECT_FALSE(od::refresh_now(c));
 }
 
+TEST(Schedule, RefreshOnAnnouncedChangeNotWhileBackingOff) {
+    od::WorkerCycle c = quiet();
+    c.endpoints_changed = true;
+    EXPECT_TRUE(od::refresh_now(c));       // long before next_refresh
+    c.backoff_until = NOW + 1;
+    EXPECT_FALSE(od::refresh_now(c));
+}
+
+TEST(Schedule, RefreshPeriodIsTheSafetyPollWhereChangesAreAnnounced) {
+    const int64_t poll = 1 * S;
+    EXPECT_EQ(od::refresh_period_us(false, poll), poll);
+    EXPECT_EQ(od::refresh_period_us(true, poll), od::kEndpointSafetyPollUs);
+    EXPECT_EQ(od::refresh_period_us(true, 120 * S), 120 * S);   // never more often than poll_interval
+}
+
 TEST(Schedule, PurgeOnlyOnThePurgingWorkerWhenDue) {
     od::WorkerCycle c = quiet();
     c.next_purge = NOW;

@@ -1,0 +1,153 @@
+/*
+ * outbox_dispatcher 0.2.2 -> 0.3.0: one home for every rule.
+ *
+ *  - The ranges of outbox.endpoints are named CHECK constraints, on domains:
+ *    each rule's name says it (max_in_flight_between_1_and_10000,
+ *    defer_statuses_are_http_300_to_599, rate_limit_between_0.0001_and_1000000,
+ *    breaker_threshold_between_0_and_1000000,
+ *    breaker_cooldown_between_100ms_and_1h).  Domains rather than table
+ *    constraints: a violated domain constraint names its rule and nothing
+ *    else, while a violated table constraint reports "Failing row contains
+ *    (...)", which would copy signing_secret and headers into the server
+ *    log.  For the same reason the endpoints_check trigger now reports a
+ *    missing required value itself, before the NOT NULL constraint would.  The
+ *    endpoints_check trigger keeps only what needs code (URL, header names
+ *    and values, secret format, timeout shorter than the lease).
+ *  - An AFTER ... FOR EACH STATEMENT trigger on outbox.endpoints tells the
+ *    workers, at commit, that the endpoints changed: they reload then,
+ *    instead of re-reading the table every poll_interval.
+ *  - pause_endpoint() and resume_endpoint() are the library's: the same code
+ *    that disables an endpoint answering 410 Gone.
+ *  - outbox.claim() says in its comment what it is: a claim for external
+ *    relays and tests, outside the workers' shared limits.
+ */
+
+\echo Use "ALTER EXTENSION outbox_dispatcher UPDATE TO '0.3.0'" to load this file. \quit
+
+DO $encoding$
+BEGIN
+    IF pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.<>) 'UTF8' THEN
+        RAISE EXCEPTION 'outbox_dispatcher requires a UTF8 database'
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = pg_catalog.format('Database "%s" has encoding %s.',
+                                             pg_catalog.current_database(), pg_catalog.getdatabaseencoding()),
+                  HINT = 'Create the database with ENCODING ''UTF8'' (and TEMPLATE template0), then install the extension there.';
+    END IF;
+END
+$encoding$;
+
+-- ---------------------------------------------------------------- ranges
+CREATE DOMAIN @extschema@.endpoint_max_in_flight AS integer
+    CONSTRAINT max_in_flight_between_1_and_10000 CHECK (VALUE OPERATOR(pg_catalog.>=) 1 AND VALUE OPERATOR(pg_catalog.<=) 10000);
+COMMENT ON DOMAIN @extschema@.endpoint_max_in_flight IS
+    'Requests in flight to one endpoint, cluster-wide: 1 to 10000';
+
+CREATE DOMAIN @extschema@.http_statuses AS integer[]
+    CONSTRAINT defer_statuses_are_http_300_to_599 CHECK (
+        pg_catalog.array_ndims(VALUE) IS NULL
+        OR (pg_catalog.array_ndims(VALUE) OPERATOR(pg_catalog.=) 1
+            AND pg_catalog.array_position(VALUE, NULL) IS NULL
+            AND 300 OPERATOR(pg_catalog.<=) ALL (VALUE)
+            AND 599 OPERATOR(pg_catalog.>=) ALL (VALUE)));
+COMMENT ON DOMAIN @extschema@.http_statuses IS
+    'A one-dimensional array of HTTP statuses between 300 and 599, without nulls';
+
+CREATE DOMAIN @extschema@.endpoint_rate_limit AS double precision
+    CONSTRAINT "rate_limit_between_0.0001_and_1000000" CHECK (VALUE OPERATOR(pg_catalog.>=) 0.0001
+                                       AND VALUE OPERATOR(pg_catalog.<=) 1000000);
+COMMENT ON DOMAIN @extschema@.endpoint_rate_limit IS
+    'Messages per second: 0.0001 to 1000000 (null: no limit)';
+
+CREATE DOMAIN @extschema@.breaker_threshold AS integer
+    CONSTRAINT breaker_threshold_between_0_and_1000000 CHECK (VALUE OPERATOR(pg_catalog.>=) 0
+                                              AND VALUE OPERATOR(pg_catalog.<=) 1000000);
+COMMENT ON DOMAIN @extschema@.breaker_threshold IS
+    'Consecutive failures that open the circuit breaker: 0 (no breaker) to 1000000';
+
+CREATE DOMAIN @extschema@.breaker_cooldown AS interval
+    CONSTRAINT breaker_cooldown_between_100ms_and_1h CHECK (VALUE OPERATOR(pg_catalog.>=) interval '100 milliseconds'
+                                             AND VALUE OPERATOR(pg_catalog.<=) interval '1 hour');
+COMMENT ON DOMAIN @extschema@.breaker_cooldown IS
+    'How long an open circuit breaker waits before a probe: 100 milliseconds to 1 hour';
+
+REVOKE ALL ON DOMAIN @extschema@.endpoint_max_in_flight, @extschema@.http_statuses,
+    @extschema@.endpoint_rate_limit, @extschema@.breaker_threshold, @extschema@.breaker_cooldown FROM PUBLIC;
+
+-- the view reads these columns: it is dropped around the change of type and created again as it was
+DROP VIEW @extschema@.endpoint_health;
+
+ALTER TABLE @extschema@.endpoints
+    ALTER COLUMN max_in_flight TYPE @extschema@.endpoint_max_in_flight,
+    ALTER COLUMN defer_statuses TYPE @extschema@.http_statuses,
+    ALTER COLUMN rate_limit TYPE @extschema@.endpoint_rate_limit,
+    ALTER COLUMN breaker_threshold TYPE @extschema@.breaker_threshold,
+    ALTER COLUMN breaker_cooldown TYPE @extschema@.breaker_cooldown;
+
+CREATE VIEW @extschema@.endpoint_health AS
+SELECT e.name AS endpoint,
+       e.enabled,
+       CASE WHEN NOT e.enabled THEN e.disabled_reason END AS disabled_reason,
+       coalesce(h.state,
+                CASE WHEN e.enabled AND @extschema@._endpoints_unserved() > 0 THEN 'unserved' ELSE 'closed' END)
+           AS state,
+       coalesce(h.consecutive_failures, 0) AS consecutive_failures,
+       coalesce(h.trips, 0) AS trips,
+       h.opened_at,
+       h.next_probe_at,
+       coalesce(h.in_flight, 0) AS in_flight,
+       e.max_in_flight::integer AS max_in_flight,
+       e.rate_limit::double precision AS rate_limit,
+       h.last_http_status,
+       h.last_error,
+       h.last_success_at,
+       h.last_failure_at,
+       coalesce(h.delivered, 0) AS delivered,
+       coalesce(h.failed, 0) AS failed,
+       h.latency_avg_ms,
+       h.latency_p50_ms,
+       h.latency_p99_ms,
+       h.latency_max_ms
+  FROM @extschema@.endpoints AS e
+  LEFT JOIN @extschema@._endpoint_health() AS h ON h.relid = e.tableoid AND h.endpoint_id = e.id
+ ORDER BY e.name;
+
+COMMENT ON VIEW @extschema@.endpoint_health IS
+    'Per endpoint: circuit breaker (state ''unserved'': no shared slot, see outbox_dispatcher.max_endpoints), in-flight count, delivery statistics since the server started (shared memory)';
+GRANT SELECT ON @extschema@.endpoint_health TO outbox_monitor, outbox_admin;
+
+-- the row checks that need code (the ranges above no longer do)
+CREATE OR REPLACE FUNCTION @extschema@._endpoint_check()
+    RETURNS trigger
+    AS 'MODULE_PATHNAME', 'od_endpoint_check_v030'
+    LANGUAGE C
+    SET search_path = pg_catalog, pg_temp;
+
+-- ---------------------------------------------------------------- reload on change
+CREATE FUNCTION @extschema@._endpoints_changed()
+    RETURNS trigger
+    AS 'MODULE_PATHNAME', 'od_endpoints_changed_trigger'
+    LANGUAGE C
+    SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION @extschema@._endpoints_changed() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@._endpoints_changed() TO outbox_admin;
+
+CREATE TRIGGER endpoints_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.endpoints
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._endpoints_changed();
+
+-- ---------------------------------------------------------------- pause and resume
+CREATE OR REPLACE FUNCTION @extschema@.pause_endpoint(name text, reason text DEFAULT NULL)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'od_pause_endpoint_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION @extschema@.resume_endpoint(name text)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'od_resume_endpoint_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+
+-- ---------------------------------------------------------------- claim
+COMMENT ON FUNCTION @extschema@.claim(text, integer, interval, integer) IS
+    'Lease up to batch ready messages for an external relay or a test. Not the workers'' claim: it takes no part in their shared limits (circuit breaker, rate_limit, max_in_flight) and its leases are not counted in endpoint_health.in_flight';
