@@ -92,10 +92,6 @@ bench-readme:
 
 .PHONY: print-regress test-all bench bench-readme
 
-# PGXS does not track header dependencies: rebuild every object when a
-# shared header changes (the shared-memory layout lives in one of them).
-$(OBJS): src/outbox_dispatcher.h src/pg_compat.h $(wildcard src/core/*.hpp)
-
 # The main job: a throwaway cluster, a local endpoint, messages flowing,
 # a live summary.  See test/demo.sh.
 demo:
