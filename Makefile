@@ -19,8 +19,10 @@ PG_CPPFLAGS = -Isrc
 PG_CXXFLAGS = -std=c++17 -Wno-register -Wno-missing-field-initializers
 SHLIB_LINK  = -lstdc++ -lcurl -lcrypto
 
-# pg_regress suites: sql/<name>.sql inputs, expected/<name>.out.
+# pg_regress suites: test/regress/sql/<name>.sql inputs, test/regress/expected/<name>.out
+# (sql/ holds only the extension's scripts).
 REGRESS      = schema enqueue claim finalize ordering operator operations validation privileges views security
+REGRESS_OPTS = --inputdir=test/regress
 
 PG_CONFIG ?= pg_config
 
@@ -90,7 +92,12 @@ bench:
 bench-readme:
 	/usr/bin/python3 test/bench/readme_section.py bench-results/results.md README.md
 
-.PHONY: print-regress test-all bench bench-readme
+# Format the C++ with clang-format (.clang-format: src/ in PostgreSQL's layout;
+# src/core/ and test/unit/ have their own).
+format:
+	clang-format -i src/*.cpp src/*.h src/core/*.cpp src/core/*.hpp test/unit/*.cpp
+
+.PHONY: print-regress test-all bench bench-readme format
 
 # The main job: a throwaway cluster, a local endpoint, messages flowing,
 # a live summary.  See test/demo.sh.

@@ -5,6 +5,8 @@
  * everything else calls.  See catalog.h for the support policy.
  */
 #include "catalog.h"
+#include "guard.h"
+#include "transitions.h"
 
 extern "C" {
 #include "catalog/pg_type.h"

@@ -29,6 +29,8 @@
  * and calls nothing while holding it.
  */
 #include "outbox_dispatcher.h"
+#include "endpoint_state.h"
+#include "module.h"
 
 extern "C" {
 #include "mb/pg_wchar.h"

@@ -16,6 +16,7 @@
  * between restores it as part of (sub)transaction abort.
  */
 #include "outbox_dispatcher.h"
+#include "guard.h"
 
 extern "C" {
 #include "catalog/namespace.h"

@@ -11,6 +11,7 @@
  * last_error is under its slot spinlock.  No lock is taken on a hot path.
  */
 #include "outbox_dispatcher.h"
+#include "module.h"
 #include "core/validate.hpp"
 
 extern "C" {

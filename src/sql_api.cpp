@@ -6,6 +6,10 @@
  * SPI and calls the single implementation in transitions.cpp.
  */
 #include "catalog.h"
+#include "module.h"
+#include "guard.h"
+#include "transitions.h"
+#include "wake.h"
 #include "outbox_dispatcher.h"
 
 extern "C" {

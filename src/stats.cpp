@@ -8,6 +8,7 @@
  * resolution; avg and max are exact.
  */
 #include "outbox_dispatcher.h"
+#include "module.h"
 
 extern "C" {
 #include "funcapi.h"

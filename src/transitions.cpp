@@ -60,6 +60,8 @@
  * in shared memory and logged; the newer owner's state stands.
  */
 #include "catalog.h"
+#include "transitions.h"
+#include "module.h"
 #include "outbox_dispatcher.h"
 #include "core/lease_check.hpp"
 

@@ -12,6 +12,8 @@
  * tested); this file walks PostgreSQL values and raises the errors.
  */
 #include "outbox_dispatcher.h"
+#include "module.h"
+#include "guard.h"
 #include "core/validate.hpp"
 
 extern "C" {

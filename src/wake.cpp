@@ -14,6 +14,8 @@
  * of whatever process now owns that PGPROC latch).
  */
 #include "outbox_dispatcher.h"
+#include "wake.h"
+#include "module.h"
 
 extern "C" {
 #include "access/xact.h"

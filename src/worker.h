@@ -14,6 +14,11 @@
 
 #include "catalog.h"
 #include "outbox_dispatcher.h"
+#include "module.h"
+#include "guard.h"
+#include "transitions.h"
+#include "wake.h"
+#include "endpoint_state.h"
 #include "pg_compat.h"
 #include "core/dispatcher.hpp"
 #include "core/schedule.hpp"

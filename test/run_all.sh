@@ -2,7 +2,7 @@
 #
 # Runs every test layer of outbox_dispatcher and ends with "N passed, N failed":
 #   unit       GoogleTest binary for the pure C++ parts (src/core)
-#   regress    pg_regress: sql/*.sql against expected/*.out (SQL API, errors)
+#   regress    pg_regress: test/regress/sql/*.sql against test/regress/expected/*.out (SQL API, errors)
 #   isolation  isolationtester specs in test/isolation (races, SKIP LOCKED, fencing)
 #   tap        PostgreSQL::Test::Cluster scripts in test/tap (dump/restore, workers)
 #
@@ -122,7 +122,7 @@ run_pg_regress() {  # layer bin outdir inputdir tests...
 if has_layer regress; then
     echo "== regress (pg_regress)"
     tests=$(make -s print-regress PG_CONFIG="$PG_CONFIG")
-    run_pg_regress regress "$PG_REGRESS_BIN" "$ROOT/results" "$ROOT" --dbname=contrib_regression $tests
+    run_pg_regress regress "$PG_REGRESS_BIN" "$ROOT/results" "$ROOT/test/regress" --dbname=contrib_regression $tests
 fi
 
 if has_layer isolation; then

@@ -26,6 +26,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
@@ -33,18 +34,13 @@ my $N = 10_000;
 
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('delivery');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'delivery', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 200ms
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 200ms
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 my $url = $sink->url('/hook');

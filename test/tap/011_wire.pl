@@ -32,6 +32,7 @@ use Time::HiRes qw(time sleep);
 use Digest::SHA qw(hmac_sha256);
 use MIME::Base64 qw(encode_base64 decode_base64);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until wait_workers_cycled sql_quote);
 
@@ -48,18 +49,13 @@ sub body_bytes
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('wire');
-$node->init(extra => [ '--encoding=UTF8', '--locale=C' ]);
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'wire', init => [ '--encoding=UTF8', '--locale=C' ], conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 200ms
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 100ms
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 

@@ -42,6 +42,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 use IO::Socket::INET;
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
@@ -53,22 +54,9 @@ sub reqs_for
 	return $sink->requests($path, id => $id);
 }
 
-# a loopback port nobody listens on
-sub closed_port
-{
-	my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 1)
-	  or die "cannot bind: $!";
-	my $port = $s->sockport;
-	close $s;
-	return $port;
-}
-
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('outcomes');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'outcomes', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.max_attempts = 3
@@ -77,8 +65,6 @@ outbox_dispatcher.backoff_cap = 50ms
 outbox_dispatcher.defer_delay = 1s
 outbox_dispatcher.max_defer_age = 3600
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 
@@ -119,7 +105,7 @@ my %case_sink = (
 	reset => OdSink->start($node->basedir, name => 'reset_sink'),
 	emptyreply => OdSink->start($node->basedir, name => 'close_sink'));
 
-my $refused_url = 'http://127.0.0.1:' . closed_port() . '/nobody';
+my $refused_url = 'http://127.0.0.1:' . OdNode::closed_port() . '/nobody';
 
 my @endpoints;
 for my $name (sort keys %cases)

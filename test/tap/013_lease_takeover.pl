@@ -27,25 +27,21 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until wait_workers_cycled);
 
 
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('lease');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'lease', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.batch_size = 1
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 ok(poll_until($node, q{SELECT count(*) FROM outbox.worker_stats WHERE state = 'idle'}, '2', 20),
 	'both workers are up and idle');
 

@@ -34,6 +34,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until wait_workers_cycled);
 
@@ -55,19 +56,14 @@ sub count_where
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('control');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'control', conf => q{
 outbox_dispatcher.workers = 2
 # no fallback polling during the wake-on-commit checks (changed to 1s below)
 outbox_dispatcher.poll_interval = 60s
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $node->safe_psql(

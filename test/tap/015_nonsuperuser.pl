@@ -25,23 +25,20 @@ use Time::HiRes qw(time sleep);
 use Digest::SHA qw(hmac_sha256);
 use MIME::Base64 qw(encode_base64);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('nonsuper');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'nonsuper', extension => 0, conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 outbox_dispatcher.defer_delay = 200ms
 });
-$node->start;
 $node->safe_psql(
 	'postgres', q{
 CREATE EXTENSION outbox_dispatcher;

@@ -28,32 +28,20 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
 
-sub worker_pids
-{
-	my ($node) = @_;
-	return $node->safe_psql('postgres',
-		q{SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity
-		   WHERE backend_type = 'outbox_dispatcher worker'});
-}
-
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('restart');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'restart', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 outbox_dispatcher.retention = 3600
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $sink->script({ path => '/missing', status => 404 });
@@ -129,7 +117,7 @@ my $new_w1pid = $node->safe_psql('postgres', 'SELECT pid FROM outbox.worker_stat
 isnt($new_w1pid, $w1pid, "worker 1 restarted with a new pid ($w1pid -> $new_w1pid)");
 is($node->safe_psql('postgres', 'SELECT pid FROM outbox.worker_stats WHERE worker = 0'), $w0pid,
 	'worker 0 was not disturbed');
-is(worker_pids($node), join(',', sort { $a <=> $b } ($w0pid, $new_w1pid)),
+is($node->worker_pids, join(',', sort { $a <=> $b } ($w0pid, $new_w1pid)),
 	'pg_stat_activity lists exactly the two current workers');
 
 $node->safe_psql('postgres',

@@ -37,6 +37,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until enqueue_n wait_in_flight);
 
@@ -46,11 +47,8 @@ my $t_start = time();
 
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fault_sigkill');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_sigkill', conf => q{
 restart_after_crash = on
 outbox_dispatcher.workers = 2
 outbox_dispatcher.lease = 3s
@@ -59,8 +57,6 @@ outbox_dispatcher.backoff_base = 50ms
 outbox_dispatcher.backoff_cap = 500ms
 log_statement = none
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $sink->script({ path => '/hook', status => 200, delay_ms => 300 });

@@ -36,6 +36,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 use Time::Local qw(timegm);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until);
 
@@ -91,11 +92,8 @@ SELECT w.worker, w.pid, w.in_flight
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fault_terminate');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_terminate', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.lease = 3s
 outbox_dispatcher.poll_interval = 100ms
@@ -104,8 +102,6 @@ outbox_dispatcher.backoff_cap = 500ms
 log_statement = none
 log_timezone = 'UTC'
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $sink->script([

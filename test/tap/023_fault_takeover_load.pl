@@ -38,6 +38,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until);
 use OdTest qw(wait_workers_cycled);
@@ -59,11 +60,8 @@ sub enqueue_chunk
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fault_takeover');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_takeover', conf => q{
 outbox_dispatcher.workers = 3
 outbox_dispatcher.lease = 10s
 outbox_dispatcher.poll_interval = 100ms
@@ -71,8 +69,6 @@ outbox_dispatcher.backoff_base = 50ms
 outbox_dispatcher.backoff_cap = 500ms
 log_statement = none
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 # These faults exercise retries, not the circuit breaker (040_breaker.pl):
 # endpoints created here never open one.
 $node->safe_psql('postgres', 'ALTER TABLE outbox.endpoints ALTER COLUMN breaker_threshold SET DEFAULT 0');

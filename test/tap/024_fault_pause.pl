@@ -37,6 +37,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until enqueue_n);
 use OdTest qw(wait_workers_cycled);
@@ -56,11 +57,8 @@ sub set_enabled
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fault_pause');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_pause', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.lease = 10s
 outbox_dispatcher.poll_interval = 100ms
@@ -68,8 +66,6 @@ outbox_dispatcher.backoff_base = 50ms
 outbox_dispatcher.backoff_cap = 500ms
 log_statement = none
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $sink->script({ path => '/hook', status => 200, delay_ms => 500 });

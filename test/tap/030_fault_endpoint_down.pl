@@ -45,6 +45,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 use IO::Socket::INET;
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until);
 
@@ -74,20 +75,10 @@ sub free_fixed_port
 	die 'no free port';
 }
 
-# OdSink always asks sink.py for --port 0; a wrapper in place of python3
-# appends --port N (argparse: the last one wins).
 sub start_sink_on_port
 {
 	my ($dir, $name, $port) = @_;
-	my $wrapper = "$dir/python_port_$port.sh";
-	open(my $fh, '>', $wrapper) or die "$wrapper: $!";
-	print $fh "#!/bin/sh\nexec /usr/bin/python3 \"\$@\" --port $port\n";
-	close $fh;
-	chmod 0755, $wrapper;
-	local $OdSink::PYTHON = $wrapper;
-	my $s = OdSink->start($dir, name => $name);
-	die "sink $name listens on $s->{port}, not $port" unless $s->port == $port;
-	return $s;
+	return OdSink->start($dir, name => $name, port => $port);
 }
 
 sub port_refuses
@@ -96,16 +87,6 @@ sub port_refuses
 	my $c = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Proto => 'tcp', Timeout => 1);
 	return 0 if $c;
 	return 1;
-}
-
-# a loopback port nobody listens on
-sub closed_port
-{
-	my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 1)
-	  or die "cannot bind: $!";
-	my $port = $s->sockport;
-	close $s;
-	return $port;
 }
 
 # enqueue $n messages for $endpoint tagged $tag; returns their ids
@@ -158,11 +139,8 @@ sub id_list { return join(',', @_) || 'NULL'; }
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fault_down');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_down', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 50ms
@@ -170,8 +148,6 @@ outbox_dispatcher.backoff_cap = 1000ms
 outbox_dispatcher.lease = 5s
 outbox_dispatcher.max_attempts = 100
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 # These faults exercise retries, not the circuit breaker (040_breaker.pl):
 # endpoints created here never open one.
 $node->safe_psql('postgres', 'ALTER TABLE outbox.endpoints ALTER COLUMN breaker_threshold SET DEFAULT 0');
@@ -274,7 +250,7 @@ is($ra->{done}, scalar(@up1) + scalar(@down) + scalar(@up2), 'A: every committed
 $s2->stop;
 $node->safe_psql('postgres', 'DELETE FROM outbox.messages');
 my $sink = OdSink->start($dir, name => 'fixed');
-my $bad_url = 'http://127.0.0.1:' . closed_port() . '/nowhere';
+my $bad_url = 'http://127.0.0.1:' . OdNode::closed_port() . '/nowhere';
 $node->safe_psql('postgres',
 	"INSERT INTO outbox.endpoints (name, url, timeout) VALUES ('misconf', '$bad_url', interval '2 s')");
 

@@ -54,6 +54,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until);
 
@@ -179,11 +180,8 @@ sub fresh
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fault_slow');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_slow', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 50ms
@@ -191,8 +189,6 @@ outbox_dispatcher.backoff_cap = 500ms
 outbox_dispatcher.lease = 5s
 outbox_dispatcher.max_attempts = 4
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 # These faults exercise retries, not the circuit breaker (040_breaker.pl):
 # endpoints created here never open one.
 $node->safe_psql('postgres', 'ALTER TABLE outbox.endpoints ALTER COLUMN breaker_threshold SET DEFAULT 0');

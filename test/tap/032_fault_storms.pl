@@ -45,6 +45,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 use POSIX qw(strftime ceil);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until);
 
@@ -62,11 +63,8 @@ SELECT string_agg(outbox.enqueue('order', '$tag-' || g, 'order.created',
 sub id_list { return join(',', @_) || 'NULL'; }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fault_storms');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_storms', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 50ms
@@ -74,8 +72,6 @@ outbox_dispatcher.backoff_cap = 1000ms
 outbox_dispatcher.lease = 5s
 outbox_dispatcher.max_attempts = 10
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 # These faults exercise retries, not the circuit breaker (040_breaker.pl):
 # endpoints created here never open one.
 $node->safe_psql('postgres', 'ALTER TABLE outbox.endpoints ALTER COLUMN breaker_threshold SET DEFAULT 0');

@@ -44,6 +44,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until);
 
@@ -72,11 +73,8 @@ SELECT (SELECT count(*) FROM outbox.endpoints) || ' endpoints, '
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fault_endpoints');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_endpoints', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.batch_size = 4
 outbox_dispatcher.poll_interval = 100ms
@@ -85,8 +83,6 @@ outbox_dispatcher.backoff_cap = 500ms
 outbox_dispatcher.lease = 5s
 outbox_dispatcher.max_attempts = 10
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 # These faults exercise retries, not the circuit breaker (040_breaker.pl):
 # endpoints created here never open one.
 $node->safe_psql('postgres', 'ALTER TABLE outbox.endpoints ALTER COLUMN breaker_threshold SET DEFAULT 0');

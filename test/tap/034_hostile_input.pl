@@ -62,6 +62,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until);
 
@@ -124,14 +125,6 @@ sub wait_done
 	return poll_until($node, "SELECT status FROM outbox.messages WHERE id = $id", 'done', $timeout // 15);
 }
 
-sub worker_pids
-{
-	my ($node) = @_;
-	return $node->safe_psql('postgres',
-		q{SELECT coalesce(string_agg(pid::text, ',' ORDER BY pid), '') FROM pg_stat_activity
-		   WHERE backend_type = 'outbox_dispatcher worker'});
-}
-
 sub vmrss_kb
 {
 	my ($pid) = @_;
@@ -187,11 +180,8 @@ PY
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('hostile');
-$node->init(extra => [ '--encoding=UTF8', '--locale=C' ]);
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'hostile', init => [ '--encoding=UTF8', '--locale=C' ], conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 50ms
@@ -200,8 +190,6 @@ outbox_dispatcher.lease = 5s
 outbox_dispatcher.max_attempts = 10
 outbox_dispatcher.max_payload_bytes = 4096
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 # These faults exercise retries, not the circuit breaker (040_breaker.pl):
 # endpoints created here never open one.
 $node->safe_psql('postgres', 'ALTER TABLE outbox.endpoints ALTER COLUMN breaker_threshold SET DEFAULT 0');
@@ -213,7 +201,7 @@ $node->safe_psql('postgres',
 ok(poll_until($node,
 		q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'}, '2', 20),
 	'two workers running');
-my $pids_before = worker_pids($node);
+my $pids_before = $node->worker_pids;
 note("worker pids: $pids_before");
 
 # one delivered request for message $id (on any path of $s)
@@ -469,7 +457,7 @@ my %ra_id;
 	$node->safe_psql('postgres',
 		"INSERT INTO outbox.endpoints (name, url, timeout) VALUES ('huge', '" . $sink->url('/huge')
 		  . "', '3 s'), ('huge_ok', '" . $sink->url('/huge_ok') . "', '3 s')");
-	my @pids = split /,/, worker_pids($node);
+	my @pids = split /,/, $node->worker_pids;
 	my %rss_before = map { $_ => vmrss_kb($_) } @pids;
 	note('VmRSS before (kB): ' . join(', ', map { "$_=" . ($rss_before{$_} // '?') } @pids));
 
@@ -528,7 +516,7 @@ is($node->safe_psql('postgres', 'SELECT 1'), '1', 'the server answers');
 ok(poll_until($node,
 		q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'}, '2', 10),
 	'both workers are running');
-my $pids_after = worker_pids($node);
+my $pids_after = $node->worker_pids;
 is($pids_after, $pids_before, "worker pids unchanged ($pids_after): no worker crashed or restarted");
 my $log = slurp_file($node->logfile);
 unlike($log, qr/server process .* was terminated|terminated by signal|PANIC/, 'no crash in the server log');

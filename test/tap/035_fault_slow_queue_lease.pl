@@ -31,14 +31,12 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdInvariant qw(wait_settled check_invariant poll_until);
 
-my $node = PostgreSQL::Test::Cluster->new('fault_narrow');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fault_narrow', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 50ms
@@ -46,8 +44,6 @@ outbox_dispatcher.backoff_cap = 500ms
 outbox_dispatcher.lease = 3s
 outbox_dispatcher.max_attempts = 3
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $sink->script({ path => '/narrow', delay_ms => 400, status => 200 });

@@ -37,37 +37,23 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 use IO::Socket::INET;
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
-# a loopback port nobody listens on
-sub closed_port
-{
-	my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 1)
-	  or die "cannot bind: $!";
-	my $port = $s->sockport;
-	close $s;
-	return $port;
-}
-
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('breaker');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'breaker', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.max_attempts = 50
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $sink->script({ path => '/flaky', status => 503, body => 'down' });
-my $refused_url = 'http://127.0.0.1:' . closed_port() . '/nobody';
+my $refused_url = 'http://127.0.0.1:' . OdNode::closed_port() . '/nobody';
 $node->safe_psql(
 	'postgres', "
 INSERT INTO outbox.endpoints (name, url, timeout, breaker_threshold, breaker_cooldown) VALUES

@@ -35,17 +35,15 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 use IPC::Run;
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
 my $RATE = 40;
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('rate_limit');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'rate_limit', conf => q{
 outbox_dispatcher.workers = 4
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.lease = 3s
@@ -53,8 +51,6 @@ outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 max_worker_processes = 16
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $sink->script({ path => '/slow', status => 200, delay_ms => 300 });

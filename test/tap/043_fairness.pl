@@ -38,40 +38,26 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 use IO::Socket::INET;
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
 my $BACKLOG = 100_000;
 my $N_B = 25;
 
-# a loopback port nobody listens on
-sub closed_port
-{
-	my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 1)
-	  or die "cannot bind: $!";
-	my $port = $s->sockport;
-	close $s;
-	return $port;
-}
-
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('fairness');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fairness', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.batch_size = 100
 outbox_dispatcher.poll_interval = 1s
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 
 my $sink = OdSink->start($node->basedir);
 $node->safe_psql(
 	'postgres', "
 INSERT INTO outbox.endpoints (name, url) VALUES
-  ('a', 'http://127.0.0.1:" . closed_port() . "/a'),
+  ('a', 'http://127.0.0.1:" . OdNode::closed_port() . "/a'),
   ('b', '" . $sink->url('/b') . "')");
 
 # the backlog of the dead endpoint, all due now
@@ -160,7 +146,7 @@ like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.endpoint_healt
 # wait behind them.
 $node->safe_psql('postgres',
 	"INSERT INTO outbox.endpoints (name, url, breaker_threshold, max_in_flight)
-	 VALUES ('c', 'http://127.0.0.1:" . closed_port() . "/c', 0, 1000)");
+	 VALUES ('c', 'http://127.0.0.1:" . OdNode::closed_port() . "/c', 0, 1000)");
 is($node->safe_psql('postgres', q{SELECT outbox.move_messages('a', 'c', '{pending}')}), $BACKLOG,
 	"move_messages: a's $BACKLOG pending messages moved to c");
 ok(poll_until($node, q{SELECT sum(attempts) > 1000 FROM outbox.messages WHERE endpoint = 'c'}, 't', 20),

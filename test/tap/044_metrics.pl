@@ -44,20 +44,11 @@ use IO::Socket::INET;
 use MIME::Base64 qw(decode_base64);
 use Encode qw(decode);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until sql_quote);
 
 my $WEIRD = 'we"ird\\name';    # we"ird\name
-
-# a loopback port nobody listens on
-sub closed_port
-{
-	my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', Listen => 1)
-	  or die "cannot bind: $!";
-	my $port = $s->sockport;
-	close $s;
-	return $port;
-}
 
 # ------------------------------------------------------------------ the parser
 my $NAME_RE = qr/[a-zA-Z_:][a-zA-Z0-9_:]*/;
@@ -238,18 +229,13 @@ sub parse_exposition
 }
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('metrics');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'metrics', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 $node->safe_psql(
 	'postgres', q{
 CREATE ROLE metrics_monitor LOGIN IN ROLE outbox_monitor;
@@ -264,7 +250,7 @@ INSERT INTO outbox.endpoints (name, url, breaker_threshold, breaker_cooldown, en
   ('plain',  '" . $sink->url('/plain') . "', 5, '30 s', true),
   ($weird_q, '" . $sink->url('/weird') . "', 5, '30 s', true),
   ('bad',    '" . $sink->url('/bad') . "', 5, '30 s', true),
-  ('down',   'http://127.0.0.1:" . closed_port() . "/down', 1, '1 hour', true),
+  ('down',   'http://127.0.0.1:" . OdNode::closed_port() . "/down', 1, '1 hour', true),
   ('off',    '" . $sink->url('/off') . "', 5, '30 s', false)");
 $node->safe_psql(
 	'postgres', qq{

@@ -41,15 +41,13 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
 # ------------------------------------------------------------------ setup
-my $node = PostgreSQL::Test::Cluster->new('upgrade');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'upgrade', extension => 0, conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.backoff_base = 10ms
@@ -57,7 +55,6 @@ outbox_dispatcher.backoff_cap = 50ms
 outbox_dispatcher.defer_delay = 500ms
 outbox_dispatcher.max_attempts = 50
 });
-$node->start;
 my $log_start = -s $node->logfile;
 $node->safe_psql('postgres', q{CREATE EXTENSION outbox_dispatcher VERSION '0.1.0'});
 is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox_dispatcher'}),

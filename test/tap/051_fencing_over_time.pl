@@ -20,21 +20,18 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
-my $node = PostgreSQL::Test::Cluster->new('fencing_time');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'fencing_time', extension => 0, conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.lease = 60s
 outbox_dispatcher.backoff_base = 30s
 outbox_dispatcher.backoff_cap = 60s
 });
-$node->start;
 
 my $sink = OdSink->start($node->basedir);
 $sink->script({ path => '/old', status => 200, delay_ms => 3000 });

@@ -28,22 +28,18 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until sql_quote);
 
-my $node = PostgreSQL::Test::Cluster->new('endpoint_slots');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'endpoint_slots', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.max_endpoints = 16
 outbox_dispatcher.poll_interval = 20ms
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 is($node->safe_psql('postgres', 'SHOW outbox_dispatcher.max_endpoints'), '16', 'max_endpoints is a setting');
 
 my $sink = OdSink->start($node->basedir);

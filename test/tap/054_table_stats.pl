@@ -20,22 +20,19 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
 my $N = 3000;
 
-my $node = PostgreSQL::Test::Cluster->new('table_stats');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'table_stats', extension => 0, conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 100ms
 outbox_dispatcher.retention = 1s
 autovacuum_naptime = 1s
 });
-$node->start;
 my $sink = OdSink->start($node->basedir);
 my $url = $sink->url('/hook');
 $node->safe_psql(

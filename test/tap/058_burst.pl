@@ -23,21 +23,18 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
 my $N = 3000;
 
-my $node = PostgreSQL::Test::Cluster->new('burst');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'burst', extension => 0, conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.batch_size = 500
 outbox_dispatcher.poll_interval = 3600s
 });
-$node->start;
 my $sink = OdSink->start($node->basedir);
 $sink->script(path => '/slow', status => 200, delay_ms => 30);
 my $url = $sink->url('/slow');

@@ -25,21 +25,17 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OdNode;
 use OdSink;
 use OdTest qw(poll_until);
 
-my $node = PostgreSQL::Test::Cluster->new('reload');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'outbox_dispatcher'
+my $node = OdNode->create(
+	'reload', conf => q{
 outbox_dispatcher.workers = 2
 outbox_dispatcher.poll_interval = 1h
 outbox_dispatcher.backoff_base = 10ms
 outbox_dispatcher.backoff_cap = 50ms
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox_dispatcher');
 my $sink = OdSink->start($node->basedir);
 my $log_offset = -s $node->logfile;
 

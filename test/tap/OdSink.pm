@@ -11,6 +11,7 @@ OdSink - start and drive test/sink/sink.py (scriptable HTTP sink) from TAP tests
   use OdSink;
 
   my $sink = OdSink->start($node->basedir);    # any writable directory
+  my $fixed = OdSink->start($dir, name => 'b', port => 20123);   # a given port (host => ... too)
   my $url  = $sink->url('/hook');               # http://127.0.0.1:PORT/hook
   $sink->script({ path => '/hook', fail_first => 2, fail_status => 503,
                   retry_after => '1' });
@@ -31,7 +32,9 @@ F</usr/bin/python3> on 127.0.0.1 and a free port, waits up to 10 s for its
 port file, and talks to its control API with HTTP::Tiny / JSON::PP (core
 modules only).  Files in the directory given to start(): C<NAME.port>,
 C<NAME.requests.jsonl> (every recorded request, one JSON object a line) and
-C<NAME.log> (the sink's stdout/stderr); NAME defaults to C<sink>.
+C<NAME.log> (the sink's stdout/stderr); NAME defaults to C<sink>.  Options:
+name, port (default 0: any free port), host (default 127.0.0.1), log, verbose,
+timeout (seconds to wait for the port file).
 
 The sink is started with C<--watch-pid $$>, so it also goes away if the test
 process dies without running END blocks.  stop() only acts in the process
@@ -84,7 +87,9 @@ sub start
 	my $outfile = "$dir/$name.log";
 	unlink $portfile;
 
-	my @cmd = ($PYTHON, $SINK_PY, '--port', '0', '--port-file', $portfile, '--watch-pid', $$);
+	my $host = $opt{host} // '127.0.0.1';
+	my @cmd = ($PYTHON, $SINK_PY, '--host', $host, '--port', $opt{port} // 0, '--port-file', $portfile,
+		'--watch-pid', $$);
 	push @cmd, '--log', $logfile if defined $logfile && length $logfile;
 	push @cmd, '--verbose' if $opt{verbose};
 
@@ -142,8 +147,9 @@ sub start
 		$self->stop;
 		croak "OdSink: no port file $portfile after 10 s: " . _slurp($outfile);
 	}
+	croak "OdSink: sink.py listens on port $port, not $opt{port}" if $opt{port} && $port != $opt{port};
 	$self->{port} = $port;
-	$self->{base} = "http://127.0.0.1:$port";
+	$self->{base} = "http://$host:$port";
 	$self->{http} = HTTP::Tiny->new(
 		timeout => 30,
 		keep_alive => 1,

@@ -1,0 +1,65 @@
+/*
+ * endpoint_state.h — declarations of endpoint_state.cpp: per-endpoint state shared by all workers (breaker, in-flight places, rate limit, statistics).
+ */
+#ifndef OUTBOX_DISPATCHER_ENDPOINT_STATE_H
+#define OUTBOX_DISPATCHER_ENDPOINT_STATE_H
+
+#include "outbox_dispatcher.h"
+#include "core/policy.hpp"
+#include "module.h"
+
+/* Per-endpoint settings the shared state needs (from outbox.endpoints). */
+typedef struct OdEndpointLimits
+{
+    int     max_in_flight;
+    double  rate_limit;             /* messages per second; <= 0 = unlimited */
+    int     breaker_threshold;      /* consecutive failures that open the breaker */
+    int64   breaker_cooldown_us;    /* first open period; doubles per trip */
+} OdEndpointLimits;
+
+/*
+ * A worker's reference to an endpoint slot: the index and the generation it
+ * was assigned under.  Every call checks the generation and does nothing
+ * (reserve: grants nothing) when the slot has changed hands since.
+ */
+typedef struct OdEndpointRef
+{
+    int     slot;                   /* -1: none */
+    uint32  generation;
+} OdEndpointRef;
+
+/*
+ * Find or assign the slot of endpoint (relid, id); label is a display name.
+ * When every slot is taken, slots whose key is not in keep (the caller's
+ * current list of enabled endpoint ids of the same relid, n_keep of them)
+ * and that have nothing in flight are reclaimed first.  Returns false when
+ * no slot can be had.
+ */
+extern bool od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, int n_keep,
+                                OdEndpointRef *ref);
+
+/*
+ * How many messages of this endpoint a worker may claim now (0..want), and
+ * reserve them: breaker (open: 0; cool-down over: one probe), cluster-wide
+ * max_in_flight, and the rate-limit bucket.  *probe is set when the
+ * reservation is the half-open probe.  *retry_at is set to when a refused
+ * reservation could succeed (0 = unknown).  *stale is set when the slot
+ * changed hands (refresh the endpoint list).
+ */
+extern int  od_endpoint_reserve(OdEndpointRef ref, const OdEndpointLimits *lim, int want, TimestampTz now,
+                                bool *probe, TimestampTz *retry_at, bool *stale);
+/* Is the endpoint's breaker open or half-open? */
+extern bool od_endpoint_breaker_open(OdEndpointRef ref);
+/* Give back reservations that the claim did not use. */
+extern void od_endpoint_unreserve(OdEndpointRef ref, int n, bool probe);
+/* A claim took more than it reserved (expired leases): count them in flight; false if stale. */
+extern bool od_endpoint_hold(OdEndpointRef ref, int n);
+/* A request finished (or was abandoned): release its in-flight place. */
+extern void od_endpoint_release(OdEndpointRef ref, int n);
+
+/* Record one result (its breaker signal: core/policy.hpp): statistics and breaker transitions. */
+extern void od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r,
+                               int http_status, double latency_ms, const char *error, bool probe,
+                               TimestampTz now);
+
+#endif /* OUTBOX_DISPATCHER_ENDPOINT_STATE_H */

@@ -1,0 +1,27 @@
+/*
+ * guard.h — declarations of guard.cpp: a fixed search_path around every statement the extension runs, and saturating time arithmetic.
+ */
+#ifndef OUTBOX_DISPATCHER_GUARD_H
+#define OUTBOX_DISPATCHER_GUARD_H
+
+#include "outbox_dispatcher.h"
+
+/*
+ * Every statement the extension runs is parsed with this search_path, so
+ * that no object a producer created (for instance in a public schema it
+ * owns) can ever be picked by name resolution.  The workers set it for their
+ * whole session; SQL-callable functions pin it around their SPI work.
+ */
+#define OD_SAFE_SEARCH_PATH "pg_catalog, pg_temp"
+
+/* Pin search_path for the current function; returns the GUC nest level to pass to unpin. */
+extern int  od_pin_search_path(void);
+extern void od_unpin_search_path(int nestlevel);
+/* SPI_connect + pin, and unpin + SPI_finish. */
+extern int  od_spi_connect(void);
+extern void od_spi_finish(int nestlevel);
+
+/* Saturating interval -> microseconds (months as 30 days; infinite intervals saturate). */
+extern int64 od_interval_us(const Interval *iv);
+
+#endif /* OUTBOX_DISPATCHER_GUARD_H */

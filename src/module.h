@@ -1,0 +1,160 @@
+/*
+ * module.h — declarations of module.cpp: the GUCs, the shared-memory layout (who writes what is in src/README.md) and the workers' registration.
+ */
+#ifndef OUTBOX_DISPATCHER_MODULE_H
+#define OUTBOX_DISPATCHER_MODULE_H
+
+#include "outbox_dispatcher.h"
+#include "core/histogram.hpp"
+
+extern char *od_database;
+extern char *od_role;
+extern int   od_workers;
+extern bool  od_enabled;
+extern int   od_batch_size;
+extern int   od_lease_ms;
+extern int   od_max_attempts;
+extern int   od_poll_interval_ms;
+extern int   od_backoff_base_ms;
+extern int   od_backoff_cap_ms;
+extern int   od_defer_delay_ms;
+extern int   od_max_defer_age_s;
+extern int   od_retention_s;
+extern char *od_source;
+extern int   od_max_payload_bytes;
+extern int   od_max_header_bytes;
+extern int   od_max_headers;
+extern int   od_max_schedule_ahead_s;
+extern int   od_max_endpoints;
+extern char *od_ca_file;
+
+#define OD_MAX_WORKERS 64
+#define OD_LATENCY_BUCKETS 32       /* core/histogram.hpp: bucket b counts < 2^b microseconds */
+static_assert(OD_LATENCY_BUCKETS == od::kLatencyBuckets, "one histogram layout");
+
+typedef enum OdWorkerState
+{
+    OD_STATE_STOPPED = 0,
+    OD_STATE_STARTING,
+    OD_STATE_IDLE,
+    OD_STATE_CLAIMING,
+    OD_STATE_DELIVERING,
+    OD_STATE_FINALIZING,
+    OD_STATE_PAUSED
+} OdWorkerState;
+
+/*
+ * One slot per worker.  Counters are written only by the owning worker
+ * (atomics so that readers never see torn values); last_error is guarded
+ * by the slot's spinlock.
+ */
+typedef struct OdWorkerSlot
+{
+    pid_t            pid;           /* 0 = no worker */
+    Latch           *latch;         /* the worker's process latch, for wakes */
+    pg_atomic_uint32 state;         /* OdWorkerState */
+    pg_atomic_uint32 idle;          /* 1 while waiting with an empty pipeline */
+    pg_atomic_uint32 in_flight;
+    TimestampTz      started_at;
+    pg_atomic_uint64 claimed;
+    pg_atomic_uint64 delivered;
+    pg_atomic_uint64 retried;
+    pg_atomic_uint64 deferred;
+    pg_atomic_uint64 dead;
+    pg_atomic_uint64 reaped;
+    pg_atomic_uint64 lost_leases;
+    pg_atomic_uint64 cycles;
+    pg_atomic_uint64 latency_count;
+    pg_atomic_uint64 latency_sum_us;
+    pg_atomic_uint64 latency_max_us;
+    pg_atomic_uint64 latency_buckets[OD_LATENCY_BUCKETS];
+    slock_t          mutex;
+    TimestampTz      last_error_at;
+    char             last_error[256];
+} OdWorkerSlot;
+
+/*
+ * Per-endpoint state shared by all workers (endpoint_state.cpp): the
+ * circuit breaker, the cluster-wide in-flight count behind max_in_flight,
+ * the token bucket behind rate_limit, and delivery statistics.
+ *
+ * A slot is keyed by the endpoint's stable identity (the oid of the
+ * outbox.endpoints table and the row's id), never by its name: renames keep
+ * their state, and an endpoint of a re-created extension never inherits a
+ * dropped one's.  There are outbox_dispatcher.max_endpoints slots.  A slot
+ * is assigned under od_shared->endpoint_lock and reclaimed, when the table
+ * is full, from endpoints that no longer exist or are disabled and have
+ * nothing in flight; every reuse bumps its generation, and every call below
+ * presents the generation its caller saw, so a worker holding a stale
+ * reference can never touch the new owner's state.  Everything else is
+ * under the slot spinlock.  State lives only in shared memory: a restart
+ * closes every breaker.
+ */
+#define OD_ENDPOINT_LABEL 64       /* display copy of the name (truncated) */
+
+typedef enum OdBreakerState
+{
+    OD_BREAKER_CLOSED = 0,
+    OD_BREAKER_OPEN,
+    OD_BREAKER_HALF_OPEN
+} OdBreakerState;
+
+typedef struct OdEndpointSlot
+{
+    slock_t     mutex;
+    bool        used;
+    uint32      generation;         /* bumped whenever the slot changes hands */
+    Oid         relid;              /* outbox.endpoints of this key */
+    int64       id;                 /* outbox.endpoints.id (or a name hash on 0.2.0 schemas) */
+    char        label[OD_ENDPOINT_LABEL];
+    /* circuit breaker */
+    int         breaker;            /* OdBreakerState */
+    int         consecutive_failures;
+    int         trips;              /* consecutive trips without a success */
+    TimestampTz opened_at;
+    TimestampTz next_probe_at;
+    bool        probe_taken;        /* half-open: one worker holds the probe */
+    /* limits */
+    int         in_flight;          /* claimed by some worker, not yet answered */
+    double      tokens;             /* rate limit bucket */
+    double      tokens_cap;         /* its capacity when last refilled */
+    TimestampTz tokens_at;
+    /* statistics */
+    int         last_status;
+    TimestampTz last_success_at;
+    TimestampTz last_failure_at;
+    char        last_error[256];
+    uint64      delivered;
+    uint64      failed;
+    uint64      latency_count;
+    uint64      latency_sum_us;
+    uint64      latency_max_us;
+    uint64      latency_buckets[OD_LATENCY_BUCKETS];
+} OdEndpointSlot;
+
+typedef struct OdShared
+{
+    pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
+    pg_atomic_uint64 lease_check_at; /* TimestampTz: look for expired leases from then (0 = now) */
+    pg_atomic_uint32 endpoints_unserved; /* enabled endpoints the last refresh found no slot for */
+    pg_atomic_uint64 endpoints_generation; /* bumped at the commit of every change of outbox.endpoints (0.3.0) */
+    int              max_endpoints; /* slots in od_endpoint_slots() */
+    OdWorkerSlot     workers[OD_MAX_WORKERS];
+    LWLock          *endpoint_lock; /* assigns and reclaims endpoint slots */
+} OdShared;
+
+/* Shared memory needed for OdShared and its endpoint slots. */
+extern Size od_shared_size(void);
+/* NULL unless the library was loaded by shared_preload_libraries. */
+extern OdShared *od_shared;
+
+/* The endpoint slots, right after OdShared in the same shared memory chunk. */
+static inline OdEndpointSlot *
+od_endpoint_slots(void)
+{
+    return (OdEndpointSlot *) ((char *) od_shared + MAXALIGN(sizeof(OdShared)));
+}
+
+extern void od_register_workers(void);
+
+#endif /* OUTBOX_DISPATCHER_MODULE_H */
