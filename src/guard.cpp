@@ -1,6 +1,6 @@
 /*
  * guard.cpp — a fixed search_path around every statement the extension runs,
- * and saturating time arithmetic.
+ * and the time conversions (saturating interval arithmetic, Unix times).
  *
  * Why: SQL text is resolved against the session's search_path.  Where a call
  * needs an implicit coercion (numeric * integer, format(text, integer, ...)),
@@ -81,4 +81,25 @@ od_interval_us(const Interval *iv)
     if (us < (__int128) PG_INT64_MIN)
         return PG_INT64_MIN;
     return (int64) us;
+}
+
+int64
+od_unix_seconds(TimestampTz ts)
+{
+    return (int64) (ts / USECS_PER_SEC) + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY;
+}
+
+int64
+od_unix_micros(TimestampTz ts)
+{
+    return ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
+}
+
+Datum
+od_us_to_interval(int64 us)
+{
+    Interval *iv = (Interval *) palloc0(sizeof(Interval));
+
+    iv->time = us;
+    return IntervalPGetDatum(iv);
 }

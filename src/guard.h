@@ -21,7 +21,15 @@ extern void od_unpin_search_path(int nestlevel);
 extern int  od_spi_connect(void);
 extern void od_spi_finish(int nestlevel);
 
-/* Saturating interval -> microseconds (months as 30 days; infinite intervals saturate). */
+/*
+ * Time conversions, the only ones: saturating interval -> microseconds
+ * (months as 30 days; infinite intervals saturate), microseconds -> an
+ * interval Datum (palloc'd), and a TimestampTz as Unix seconds or
+ * microseconds (what core/ and the wire use).
+ */
 extern int64 od_interval_us(const Interval *iv);
+extern Datum od_us_to_interval(int64 us);
+extern int64 od_unix_seconds(TimestampTz ts);
+extern int64 od_unix_micros(TimestampTz ts);
 
 #endif /* OUTBOX_DISPATCHER_GUARD_H */

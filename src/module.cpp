@@ -3,12 +3,15 @@
  *
  * outbox_dispatcher must be listed in shared_preload_libraries: _PG_init
  * then registers the GUCs (some are postmaster-level), reserves the shared
- * memory (global counters and one slot per worker: latch, state, counters,
- * last error) and registers the background workers.  Loading the library
- * any other way fails with a clear error.
+ * memory laid out in module.h (global counters, one slot per worker, and
+ * outbox_dispatcher.max_endpoints endpoint slots) and registers the
+ * background workers (none in binary-upgrade mode).  Loading the library any
+ * other way fails with a clear error.
  *
- * Locking: counters are atomics written by one worker each; a worker's
- * last_error is under its slot spinlock.  No lock is taken on a hot path.
+ * Locking (the full map is in src/README.md): worker counters are atomics
+ * written by one worker each, a worker's last_error is under its slot
+ * spinlock; the endpoint slots, which every claim and every result touch,
+ * are under their own spinlocks and are assigned under endpoint_lock.
  */
 #include "outbox_dispatcher.h"
 #include "module.h"

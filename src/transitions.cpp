@@ -61,6 +61,7 @@
  */
 #include "catalog.h"
 #include "transitions.h"
+#include "guard.h"
 #include "module.h"
 #include "outbox_dispatcher.h"
 #include "core/lease_check.hpp"
@@ -301,15 +302,6 @@ od_prepare_hot(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes
                            plan_shapes_fixed ? CURSOR_OPT_GENERIC_PLAN : CURSOR_OPT_CUSTOM_PLAN);
 }
 
-static Datum
-us_to_interval(int64 us)
-{
-    Interval *iv = (Interval *) palloc0(sizeof(Interval));
-
-    iv->time = us;
-    return IntervalPGetDatum(iv);
-}
-
 /* ---------------------------------------------------------------- claim */
 
 static ArrayType *
@@ -381,7 +373,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
 
     args[0] = CStringGetTextDatum(owner);
     args[1] = Int32GetDatum(batch);
-    args[2] = us_to_interval(lease_us);
+    args[2] = od_us_to_interval(lease_us);
     args[3] = Int32GetDatum(max_attempts);
     if (n_endpoints < 0)
     {
@@ -501,7 +493,7 @@ od_finalize(OdFinalize *items, int n)
         ids[i] = Int64GetDatum(it->id);
         vers[i] = Int64GetDatum(it->lease_version);
         statuses[i] = CStringGetTextDatum(od::verdict_name(it->verdict));
-        delays[i] = us_to_interval((it->verdict == od::Verdict::Retry || it->verdict == od::Verdict::Defer)
+        delays[i] = od_us_to_interval((it->verdict == od::Verdict::Retry || it->verdict == od::Verdict::Defer)
                                    ? it->delay_us : 0);
         err_nulls[i] = (it->error == nullptr);
         errors[i] = it->error ? CStringGetTextDatum(it->error) : (Datum) 0;
@@ -519,7 +511,7 @@ od_finalize(OdFinalize *items, int n)
     args[4] = PointerGetDatum(build_array(errors, err_nulls, n, TEXTOID));
     args[5] = PointerGetDatum(build_array(https, http_nulls, n, INT4OID));
     args[6] = PointerGetDatum(build_array(refunds, nullptr, n, BOOLOID));
-    args[7] = us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
+    args[7] = od_us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
     args[8] = PointerGetDatum(build_array(untils, until_nulls, n, TIMESTAMPTZOID));
 
     rc = SPI_execute_plan(plan_finalize, args, nullptr, false, 0);
@@ -607,7 +599,7 @@ uint64
 od_purge(int64 older_than_us, int limit)
 {
     static const Oid types[2] = {INTERVALOID, INT4OID};
-    Datum       args[2] = {us_to_interval(older_than_us), Int32GetDatum(limit)};
+    Datum       args[2] = {od_us_to_interval(older_than_us), Int32GetDatum(limit)};
     char        nulls[2] = {' ', limit > 0 ? ' ' : 'n'};
     int         rc;
 

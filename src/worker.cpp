@@ -163,18 +163,6 @@ od_worker_exit(int code, Datum arg)
 
 namespace odw {
 
-int64
-unix_seconds(TimestampTz ts)
-{
-    return (int64) (ts / USECS_PER_SEC) + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY;
-}
-
-int64
-unix_micros(TimestampTz ts)
-{
-    return ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
-}
-
 void
 begin_tx(const char *activity)
 {
@@ -261,7 +249,9 @@ observe(TimestampTz now)
     c.oldest_result = W.oldest_outcome_at;
     c.flush_after_us = (int64) FLUSH_AFTER_MS * 1000;
     c.next_refresh = W.sched.next_refresh;
-    c.endpoints_changed = pg_atomic_read_u64(&od_shared->endpoints_generation) != W.endpoints_generation;
+    /* a committed change of outbox.endpoints, or a slot we referenced changed hands */
+    c.endpoints_changed =
+        W.endpoints_stale || pg_atomic_read_u64(&od_shared->endpoints_generation) != W.endpoints_generation;
     c.purges = W.worker_index == 0 && W.ext_ready && od_retention_s > 0;
     c.next_purge = W.sched.next_purge;
     return c;
@@ -279,14 +269,116 @@ shutdown_worker(void)
     while (W.disp->in_flight() > 0 && GetCurrentTimestamp() < deadline)
     {
         wait_for_events(50);
-        W.disp->collect(unix_seconds(GetCurrentTimestamp()));
+        W.disp->collect(od_unix_seconds(GetCurrentTimestamp()));
     }
-    W.disp->abandon(unix_seconds(GetCurrentTimestamp()),
+    W.disp->abandon(od_unix_seconds(GetCurrentTimestamp()),
                   "worker stopped before delivery finished; released for another worker");
     process_new_outcomes();
     if (W.ext_ready)
         do_finalize();
     proc_exit(1);   /* non-zero: the postmaster restarts us unless it is shutting down */
+}
+
+/* ---------------------------------------------------------------- the loop's steps */
+
+/* SIGHUP: the new settings, a reload of the endpoints, and a claim's look. */
+static void
+reload_configuration(void)
+{
+    ConfigReloadPending = false;
+    ProcessConfigFile(PGC_SIGHUP);
+    apply_settings();
+    W.sched.next_refresh = 0;
+    W.sched.woken = true;
+}
+
+/* The extension's state and the endpoints, and when to look again. */
+static void
+step_reload_endpoints(TimestampTz now)
+{
+    /* read before the reload: a change committed during it is seen next time */
+    W.endpoints_generation = pg_atomic_read_u64(&od_shared->endpoints_generation);
+    W.endpoints_stale = false;
+    refresh_endpoints();
+    W.sched.next_refresh = now + od::refresh_period_us(W.ext_ready && od_schema_announces_endpoint_changes(W.schema),
+                                                       (int64) od_poll_interval_ms * 1000);
+}
+
+/* Claim up to room rows (with the waiting results in the same transaction). */
+static void
+step_claim(int room)
+{
+    int n;
+
+    W.sched.woken = false;
+    n = do_claim(room, !W.disp->outcomes().empty());
+    W.sched.last_claim_full = (n == room) || W.claim_quota_full;
+    if (n > 0 && W.sched.last_claim_full)
+        od_wake_idle_peer(W.worker_index);    /* there may be more: share it */
+    W.sched.next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
+}
+
+/* Send what is queued (nothing new once stopping), and note when results started waiting. */
+static void
+step_pump(TimestampTz now)
+{
+    if (!got_sigterm)
+        W.disp->pump(od_unix_seconds(now));
+    pg_atomic_write_u32(&W.slot->in_flight, (uint32) W.disp->in_flight());
+    if (!W.disp->outcomes().empty() && now >= W.sched.backoff_until && W.oldest_outcome_at == 0)
+        W.oldest_outcome_at = now;
+}
+
+/* Retention (worker 0): old done rows, in small batches. */
+static void
+step_purge(void)
+{
+    uint64 purged;
+
+    begin_tx("purging done messages");
+    purged = od_purge((int64) od_retention_s * USECS_PER_SEC, 1000);
+    end_tx();
+    W.sched.next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), purged == 1000 ? 100 : 10000);
+}
+
+/* Sleep until the least of the schedule's deadlines, a socket, the latch or postmaster death. */
+static void
+step_wait(void)
+{
+    TimestampTz now = GetCurrentTimestamp();
+    long        timeout;
+
+    if (W.disp->in_flight() > 0)
+        set_state(OD_STATE_DELIVERING);
+    else if (od_enabled)
+        set_state(OD_STATE_IDLE);
+    else if (W.ext_ready)
+        set_state(OD_STATE_PAUSED);     /* not "finalizing" while it sleeps after a finalize */
+    timeout = od::wait_ms(now, od::next_wakeup(observe(now)));
+    /*
+     * A signal whose latch wake was consumed by a wait inside PostgreSQL
+     * during this iteration (a lock wait, for one) would otherwise sleep
+     * until the next deadline: handle it first.
+     */
+    if (ConfigReloadPending || got_sigterm)
+        timeout = 0;
+    /*
+     * idle: nothing queued or in flight — wakes may pick us alone (results
+     * waiting to be finalized go with the claim the wake brings)
+     */
+    if (timeout != 0 && W.disp->outstanding() == 0)
+    {
+        if (W.stats_pending && W.disp->outcomes().empty())
+        {
+            pgstat_report_stat(true);   /* going idle: what we changed is visible now */
+            W.stats_pending = false;
+        }
+        pg_atomic_write_u32(&W.slot->idle, 1);
+    }
+    if (wait_for_events(timeout))
+        W.sched.woken = true;
+    pg_atomic_write_u32(&W.slot->idle, 0);
+    CHECK_FOR_INTERRUPTS();
 }
 
 /* ---------------------------------------------------------------- main */
@@ -387,104 +479,33 @@ od_worker_main(Datum arg)
     for (;;)
     {
         TimestampTz now;
-        long        timeout;
+        int         room;
 
         MemoryContextSwitchTo(W.cycle_ctx);
         MemoryContextReset(W.cycle_ctx);
-
         if (got_sigterm)
             shutdown_worker();
         if (ConfigReloadPending)
-        {
-            ConfigReloadPending = false;
-            ProcessConfigFile(PGC_SIGHUP);
-            apply_settings();
-            W.sched.next_refresh = 0;
-            W.sched.woken = true;
-        }
+            reload_configuration();
+        pg_atomic_fetch_add_u64(&W.slot->cycles, 1);
 
         now = GetCurrentTimestamp();
-        pg_atomic_fetch_add_u64(&W.slot->cycles, 1);
-        if (W.endpoints_stale)
-            W.sched.next_refresh = 0;   /* a slot we referenced changed hands */
         if (od::refresh_now(observe(now)))
-        {
-            /* read before the reload: a change committed during it is seen next time */
-            W.endpoints_generation = pg_atomic_read_u64(&od_shared->endpoints_generation);
-            refresh_endpoints();
-            W.sched.next_refresh = now + od::refresh_period_us(
-                W.ext_ready && od_schema_announces_endpoint_changes(W.schema), (int64) od_poll_interval_ms * 1000);
-        }
-
-        /* claim when there is room and a reason to look */
-        {
-            int room = od::claim_now(observe(now));
-
-            if (room > 0)
-            {
-                int n;
-
-                W.sched.woken = false;
-                n = do_claim(room, !W.disp->outcomes().empty());
-                W.sched.last_claim_full = (n == room) || W.claim_quota_full;
-                if (n > 0 && W.sched.last_claim_full)
-                    od_wake_idle_peer(W.worker_index);    /* there may be more: share it */
-                W.sched.next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
-            }
-        }
+            step_reload_endpoints(now);
+        if ((room = od::claim_now(observe(now))) > 0)
+            step_claim(room);
         if (W.ext_ready && !od_enabled)
             set_state(OD_STATE_PAUSED);
 
         now = GetCurrentTimestamp();
-        if (!got_sigterm)       /* stopping: send nothing new */
-            W.disp->pump(unix_seconds(now));
-        pg_atomic_write_u32(&W.slot->in_flight, (uint32) W.disp->in_flight());
-
-        /* finalize (in its own transaction) when the schedule says so */
-        if (!W.disp->outcomes().empty() && now >= W.sched.backoff_until && W.oldest_outcome_at == 0)
-            W.oldest_outcome_at = now;
+        step_pump(now);
         if (od::finalize_now(observe(now)))
             do_finalize();
-
-        /* retention: worker 0 purges old done rows in small batches */
         if (od::purge_now(observe(now)))
-        {
-            uint64 purged;
+            step_purge();
 
-            begin_tx("purging done messages");
-            purged = od_purge((int64) od_retention_s * USECS_PER_SEC, 1000);
-            end_tx();
-            W.sched.next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), purged == 1000 ? 100 : 10000);
-        }
-
-        /* how long may we sleep? */
-        now = GetCurrentTimestamp();
-        if (W.disp->in_flight() > 0)
-            set_state(OD_STATE_DELIVERING);
-        else if (od_enabled)
-            set_state(OD_STATE_IDLE);
-        else if (W.ext_ready)
-            set_state(OD_STATE_PAUSED);     /* not "finalizing" while it sleeps after a finalize */
-        timeout = od::wait_ms(now, od::next_wakeup(observe(now)));
-
-        /*
-         * idle: nothing queued or in flight — wakes may pick us alone (results
-         * waiting to be finalized go with the claim the wake brings)
-         */
-        if (timeout != 0 && W.disp->outstanding() == 0)
-        {
-            if (W.stats_pending && W.disp->outcomes().empty())
-            {
-                pgstat_report_stat(true);   /* going idle: what we changed is visible now */
-                W.stats_pending = false;
-            }
-            pg_atomic_write_u32(&W.slot->idle, 1);
-        }
-        if (wait_for_events(timeout))
-            W.sched.woken = true;
-        pg_atomic_write_u32(&W.slot->idle, 0);
-        CHECK_FOR_INTERRUPTS();
-        W.disp->collect(unix_seconds(GetCurrentTimestamp()));
+        step_wait();
+        W.disp->collect(od_unix_seconds(GetCurrentTimestamp()));
         process_new_outcomes();
     }
 }

@@ -168,8 +168,6 @@ extern OdWorker W;
 /* ---------------------------------------------------------------- worker.cpp */
 void        set_state(OdWorkerState st);
 void        record_error(const char *msg);
-int64       unix_seconds(TimestampTz ts);
-int64       unix_micros(TimestampTz ts);
 void        begin_tx(const char *activity);
 void        end_tx(void);
 

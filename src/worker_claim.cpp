@@ -219,7 +219,7 @@ do_claim(int capacity, bool with_finalize)
         /* checked again here: rows written before the limits were lowered, or by a superuser */
         rows[i].reject = isnull ? nullptr : message_headers_problem(d);
         rows[i].headers = (isnull || rows[i].reject) ? pstrdup("") : od_header_lines_text(d);
-        rows[i].created_at_us = unix_micros(DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull)));
+        rows[i].created_at_us = od_unix_micros(DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull)));
         rows[i].lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, 12, &isnull));
         if (rows[i].reject)
             n_rejected++;

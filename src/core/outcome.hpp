@@ -3,7 +3,7 @@
  *
  * Pure C++ (no PostgreSQL headers), noexcept and allocation-free, so the
  * worker can call it from PostgreSQL frames.  Implements the outcome table
- * of the design (shared/design.md, "Outcome of one delivery"):
+ * of the design (docs/reference.md §10, "Outcome of a delivery"):
  *
  *   2xx                                  -> Done
  *   status in the endpoint's defer list  -> Defer, delay = Retry-After or defer_delay,

@@ -46,7 +46,7 @@ bool purge_now(const WorkerCycle &c) noexcept { return c.purges && !backing_off(
 
 int64_t next_wakeup(const WorkerCycle &c) noexcept {
     bool can_claim = c.active && has_claim_room(c);
-    int64_t until = c.next_refresh;
+    int64_t until = c.endpoints_changed ? c.now : c.next_refresh;
 
     if (can_claim) until = least(until, c.last_claim_full ? c.now : c.next_poll);
     if (can_claim && c.next_quota != 0) until = least(until, c.next_quota);

@@ -64,7 +64,7 @@ struct WorkerCycle {
 
     /* other deadlines */
     int64_t next_refresh = 0;        /* reload of the endpoints */
-    bool endpoints_changed = false;  /* a committed change of outbox.endpoints since the last reload */
+    bool endpoints_changed = false;  /* a committed change of outbox.endpoints since the last reload, or a slot changed hands */
     bool purges = false;             /* this worker runs the retention purge */
     int64_t next_purge = 0;
 };

@@ -1,6 +1,6 @@
 # Copyright: outbox_dispatcher contributors
 #
-# 011_wire.pl — what the workers put on the wire (shared/design.md,
+# 011_wire.pl — what the workers put on the wire (docs/reference.md §9,
 # "Delivery on the wire").
 #
 # Proves, for requests received by the HTTP sink:

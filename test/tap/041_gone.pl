@@ -1,7 +1,8 @@
 # Copyright: outbox_dispatcher contributors
 #
 # 041_gone.pl — 410 Gone disables the endpoint instead of killing messages
-# (src/worker.cpp do_finalize, docs/operations.md "410 Gone").
+# (src/worker_finalize.cpp finalize_run, src/catalog.cpp od_set_endpoint_enabled,
+# docs/operations.md "410 Gone").
 #
 # Proves, with 2 workers, endpoint "gone" (sink answers 410) and endpoint
 # "other" (200):

@@ -1,7 +1,7 @@
 # Copyright: outbox_dispatcher contributors
 #
 # 043_fairness.pl — one endpoint's backlog does not delay another endpoint
-# (src/worker.cpp do_claim: per-endpoint quotas, rotating order;
+# (src/worker_claim.cpp do_claim: per-endpoint quotas, rotating order;
 # docs/operations.md "a backlog of any size on one endpoint cannot delay
 # another endpoint's messages by more than a cycle").
 #

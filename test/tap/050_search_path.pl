@@ -1,7 +1,7 @@
 # Copyright: outbox_dispatcher contributors
 #
 # 050_search_path.pl — nothing a producer plants in schema public ever runs
-# inside the extension (shared/design.md, "Security model": the workers run
+# inside the extension (docs/security.md, "Classes of attack": the workers run
 # with search_path = pg_catalog, pg_temp and every statement of the extension
 # is schema-qualified or pinned).
 #

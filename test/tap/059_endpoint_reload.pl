@@ -14,6 +14,9 @@
 #     the URL committed before;
 #   - pause_endpoint() stops deliveries (messages inserted meanwhile stay
 #     pending, attempts 0) and resume_endpoint() delivers them;
+#   - a reload signalled while the workers wait for a lock on
+#     outbox.endpoints (a wait that consumes their latch wake) is applied as
+#     soon as the lock is released, not at the next deadline;
 #   - no ERROR in the server log.
 #
 # Run: see 010_delivery.pl.
@@ -24,6 +27,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
+use IPC::Run;
 
 use OdNode;
 use OdSink;
@@ -89,6 +93,29 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages WHERE end
 is($node->safe_psql('postgres', q{SELECT outbox.resume_endpoint('b')}), 't', 'resume_endpoint(b)');
 ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'b' AND status = 'done'}, '4', 10),
 	'resumed: its messages are delivered');
+
+# ------------------------------------------------------------------ a signal during a lock wait
+# A reload makes both workers re-read outbox.endpoints while another session
+# holds it locked: they wait for the lock (a wait that consumes their latch
+# wakes).  A second reload (enabled = off) arrives during that wait.  Once
+# the lock is released they must act on it at once, not sleep until the next
+# deadline (the safety poll, 30 s).
+my $locker = IPC::Run::start(
+	[ 'psql', '-X', '-d', $node->connstr('postgres'), '-c',
+	  'BEGIN; LOCK TABLE outbox.endpoints IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT;' ],
+	'>', \my $lock_out, '2>', \my $lock_err);
+ok($node->poll(q{SELECT count(*) FROM pg_locks WHERE relation = 'outbox.endpoints'::regclass AND mode = 'AccessExclusiveLock' AND granted}, '1', 10),
+	'another session holds outbox.endpoints locked');
+$node->safe_psql('postgres', 'SELECT pg_reload_conf()');
+ok($node->poll(q{SELECT count(*) FROM pg_locks WHERE relation = 'outbox.endpoints'::regclass AND NOT granted}, '2', 10),
+	'both workers wait for the lock to reload their endpoints');
+$node->safe_psql('postgres', 'ALTER SYSTEM SET outbox_dispatcher.enabled = off; SELECT pg_reload_conf();');
+$locker->finish;
+my $t0 = time;
+ok($node->poll(q{SELECT string_agg(state, ',' ORDER BY worker) FROM outbox.worker_stats}, 'paused,paused', 10),
+	'the reload that came during the lock wait is applied');
+cmp_ok(time - $t0, '<', 3, sprintf('... at once once the lock is released (%.2f s)', time - $t0));
+$node->safe_psql('postgres', 'ALTER SYSTEM SET outbox_dispatcher.enabled = on; SELECT pg_reload_conf();');
 
 {
 	my @errors = grep { /\b(ERROR|FATAL|PANIC):/ } split /\n/, slurp_file($node->logfile, $log_offset);

@@ -144,6 +144,7 @@ TEST(Schedule, RefreshOnAnnouncedChangeNotWhileBackingOff) {
     od::WorkerCycle c = quiet();
     c.endpoints_changed = true;
     EXPECT_TRUE(od::refresh_now(c));       // long before next_refresh
+    EXPECT_EQ(od::next_wakeup(c), NOW);    // and no sleep before it
     c.backoff_until = NOW + 1;
     EXPECT_FALSE(od::refresh_now(c));
 }

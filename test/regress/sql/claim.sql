@@ -1,7 +1,7 @@
 --
 -- claim: leasing messages, lease expiry and takeover, fencing, reaping.
 --
--- The SQL-level scenarios of the seed article's test table (section 7).
+-- The SQL-level scenarios of the lease and fencing test table the project started from.
 -- A worker that "crashes" is simulated by claiming and never finalizing.
 --
 TRUNCATE outbox.messages RESTART IDENTITY;

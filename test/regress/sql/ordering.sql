@@ -65,7 +65,7 @@ SELECT outbox.enqueue('order', 'Z', 'order.viewed',   '{}') AS id;
 SELECT id, event_type, ordered FROM outbox.claim('worker', 100, '1 minute') ORDER BY id;
 
 -- An ordered message does wait for any earlier unfinished message of its
--- aggregate, ordered or not (design.md: "no earlier message ... is
+-- aggregate, ordered or not (docs/reference.md §11: "no earlier message ... is
 -- pending, processing or dead").
 TRUNCATE outbox.messages RESTART IDENTITY;
 SELECT outbox.enqueue('order', 'Z', 'order.viewed',  '{}') AS id;

@@ -1,5 +1,5 @@
 --
--- schema: CREATE EXTENSION builds the whole public surface of design.md.
+-- schema: CREATE EXTENSION builds the whole public surface of docs/reference.md.
 --
 -- Runs first: every later test relies on the extension created here.
 -- Only catalog queries are used (no \d output, which varies between psql
