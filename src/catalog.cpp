@@ -21,8 +21,12 @@ extern "C" {
 int
 od_schema_number(const char *v)
 {
-    static const struct { const char *name; int number; } known[] = {
-        {"0.1.0", 10}, {"0.2.0", 20}, {"0.2.1", 21}, {"0.2.2", OD_SCHEMA_0_2_2}, {"0.3.0", OD_SCHEMA_0_3_0},
+    static const struct
+    {
+        const char *name;
+        int         number;
+    } known[] = {
+        { "0.1.0", 10 }, { "0.2.0", 20 }, { "0.2.1", 21 }, { "0.2.2", OD_SCHEMA_0_2_2 }, { "0.3.0", OD_SCHEMA_0_3_0 },
     };
 
     for (const auto &k : known)
@@ -46,8 +50,7 @@ od_schema_announces_endpoint_changes(int schema)
 char *
 od_installed_version(void)
 {
-    int rc = SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'",
-                         true, 1);
+    int rc = SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'outbox_dispatcher'", true, 1);
 
     if (rc != SPI_OK_SELECT)
         elog(ERROR, "outbox_dispatcher: reading pg_extension failed: %s", SPI_result_code_string(rc));
@@ -61,8 +64,8 @@ od_schema_unserved_error(const char *function, const char *extversion)
 {
     ereport(ERROR,
             (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-             errmsg("%s of extension version %s is not served by library version %s",
-                    function, extversion, OD_LIBRARY_VERSION),
+             errmsg("%s of extension version %s is not served by library version %s", function, extversion,
+                    OD_LIBRARY_VERSION),
              errhint("Run ALTER EXTENSION outbox_dispatcher UPDATE.")));
 }
 
@@ -71,11 +74,11 @@ od_schema_unserved_error(const char *function, const char *extversion)
 char *
 od_header_lines_text(Datum d)
 {
-    Jsonb          *jb = DatumGetJsonbP(d);
-    JsonbIterator  *it;
-    JsonbValue      v;
+    Jsonb             *jb = DatumGetJsonbP(d);
+    JsonbIterator     *it;
+    JsonbValue         v;
     JsonbIteratorToken tok;
-    StringInfoData  buf;
+    StringInfoData     buf;
 
     initStringInfo(&buf);
     if (!JB_ROOT_IS_OBJECT(jb))
@@ -109,7 +112,7 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
     int            rc;
 
     Assert(od_schema_served(schema));
-    (void) schema;              /* both served schemas have these columns */
+    (void) schema; /* both served schemas have these columns */
     rc = SPI_execute(SQL_ENDPOINTS, true, 0);
     if (rc != SPI_OK_SELECT)
         elog(ERROR, "outbox_dispatcher: loading endpoints failed: %s", SPI_result_code_string(rc));
@@ -163,22 +166,21 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
 
 /* ---------------------------------------------------------------- one existence check, one state change */
 
-static SPIPlanPtr plan_presence[2] = {nullptr, nullptr};
-static SPIPlanPtr plan_set_enabled = nullptr;
+static SPIPlanPtr        plan_presence[2] = { nullptr, nullptr };
+static SPIPlanPtr        plan_set_enabled = nullptr;
 
 /* [0] for enqueue(), which every schema's producers call: no column newer than 0.1.0 */
-static const char *const SQL_PRESENCE[2] = {
-    "SELECT e.enabled FROM outbox.endpoints AS e WHERE e.name = $1",
-    "SELECT e.enabled, e.id FROM outbox.endpoints AS e WHERE e.name = $1"};
+static const char *const SQL_PRESENCE[2] = { "SELECT e.enabled FROM outbox.endpoints AS e WHERE e.name = $1",
+                                             "SELECT e.enabled, e.id FROM outbox.endpoints AS e WHERE e.name = $1" };
 
 OdEndpointPresence
 od_endpoint_presence(Datum name, int64 *id)
 {
-    static const Oid types[1] = {TEXTOID};
-    const int   which = id ? 1 : 0;
-    bool        isnull;
-    HeapTuple   tup;
-    int         rc;
+    static const Oid types[1] = { TEXTOID };
+    const int        which = id ? 1 : 0;
+    bool             isnull;
+    HeapTuple        tup;
+    int              rc;
 
     od_prepare(&plan_presence[which], SQL_PRESENCE[which], 1, types);
     rc = SPI_execute_plan(plan_presence[which], &name, nullptr, true, 1);
@@ -196,10 +198,10 @@ od_endpoint_presence(Datum name, int64 *id)
 bool
 od_set_endpoint_enabled(int64 id, bool enabled, const char *reason)
 {
-    static const Oid types[3] = {INT8OID, BOOLOID, TEXTOID};
-    Datum       args[3] = {Int64GetDatum(id), BoolGetDatum(enabled), (Datum) 0};
-    char        nulls[3] = {' ', ' ', 'n'};
-    int         rc;
+    static const Oid types[3] = { INT8OID, BOOLOID, TEXTOID };
+    Datum            args[3] = { Int64GetDatum(id), BoolGetDatum(enabled), (Datum) 0 };
+    char             nulls[3] = { ' ', ' ', 'n' };
+    int              rc;
 
     if (!enabled && reason)
     {
@@ -212,7 +214,6 @@ od_set_endpoint_enabled(int64 id, bool enabled, const char *reason)
                3, types);
     rc = SPI_execute_plan(plan_set_enabled, args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE)
-        elog(ERROR, "outbox_dispatcher: changing endpoint %lld failed: %s", (long long) id,
-             SPI_result_code_string(rc));
+        elog(ERROR, "outbox_dispatcher: changing endpoint %lld failed: %s", (long long) id, SPI_result_code_string(rc));
     return SPI_processed > 0;
 }

@@ -19,22 +19,22 @@
 #include "outbox_dispatcher.h"
 
 /* Extension versions, as major * 100 + minor * 10 + patch (0 = unknown). */
-#define OD_SCHEMA_0_2_2     22
-#define OD_SCHEMA_0_3_0     30
-#define OD_SCHEMA_CURRENT   OD_SCHEMA_0_3_0
-#define OD_SCHEMA_PREVIOUS  OD_SCHEMA_0_2_2
+#define OD_SCHEMA_0_2_2 22
+#define OD_SCHEMA_0_3_0 30
+#define OD_SCHEMA_CURRENT OD_SCHEMA_0_3_0
+#define OD_SCHEMA_PREVIOUS OD_SCHEMA_0_2_2
 
 /* The schema number of an extversion string; 0 for one this library never shipped. */
-extern int  od_schema_number(const char *extversion);
+extern int   od_schema_number(const char *extversion);
 /* Does this library serve that schema (the support policy above)? */
-extern bool od_schema_served(int schema);
+extern bool  od_schema_served(int schema);
 
 /*
  * Does the schema tell the workers when outbox.endpoints changes (the
  * endpoints_changed trigger bumps od_shared->endpoints_generation at
  * commit)?  Without it they re-read the table every poll_interval.
  */
-extern bool od_schema_announces_endpoint_changes(int schema);
+extern bool  od_schema_announces_endpoint_changes(int schema);
 
 /*
  * The installed extension's version (palloc'd in the current context), or
@@ -46,7 +46,7 @@ extern char *od_installed_version(void);
  * An error for SQL functions of a schema this library does not serve:
  * "function X of extension version V is not served by library L".
  */
-extern void od_schema_unserved_error(const char *function, const char *extversion) pg_attribute_noreturn();
+extern void  od_schema_unserved_error(const char *function, const char *extversion) pg_attribute_noreturn();
 
 /*
  * Stored headers (a jsonb object of strings, validated on write, in
@@ -58,26 +58,26 @@ extern char *od_header_lines_text(Datum d);
 /* outbox.endpoints as the workers read it: one enabled endpoint. */
 typedef struct OdEndpointRow
 {
-    Oid     relid;              /* outbox.endpoints' oid: part of the shared-state key */
-    int64   id;
-    char   *name;
-    char   *url;
-    char   *headers;            /* "Name: value\n..." lines */
-    char   *secret;             /* NULL for unsigned */
-    int64   timeout_ms;         /* >= 1: a sub-millisecond timeout must not become curl's "none" */
-    int     max_in_flight;
-    int    *defer;
-    int     ndefer;
-    double  rate_limit;         /* messages per second; 0 = none */
-    int     breaker_threshold;
-    int64   breaker_cooldown_ms;
+    Oid    relid; /* outbox.endpoints' oid: part of the shared-state key */
+    int64  id;
+    char  *name;
+    char  *url;
+    char  *headers;    /* "Name: value\n..." lines */
+    char  *secret;     /* NULL for unsigned */
+    int64  timeout_ms; /* >= 1: a sub-millisecond timeout must not become curl's "none" */
+    int    max_in_flight;
+    int   *defer;
+    int    ndefer;
+    double rate_limit; /* messages per second; 0 = none */
+    int    breaker_threshold;
+    int64  breaker_cooldown_ms;
 } OdEndpointRow;
 
 /*
  * The enabled endpoints of a served schema, into rows allocated in cxt;
  * returns how many.  Needs SPI, inside a transaction.
  */
-extern int  od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **rows);
+extern int od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **rows);
 
 /*
  * Does an endpoint of that name exist, and is it enabled?  Sets *id when it
@@ -98,6 +98,6 @@ extern OdEndpointPresence od_endpoint_presence(Datum name, int64 *id);
  * The only code that writes outbox.endpoints.enabled: the workers' 410
  * handling and outbox.pause_endpoint()/resume_endpoint().  Needs SPI.
  */
-extern bool od_set_endpoint_enabled(int64 id, bool enabled, const char *reason);
+extern bool               od_set_endpoint_enabled(int64 id, bool enabled, const char *reason);
 
 #endif

@@ -77,7 +77,7 @@ init_slot(OdEndpointSlot *e, Oid relid, int64 id, const char *label)
     e->next_probe_at = 0;
     e->probe_taken = false;
     e->in_flight = 0;
-    e->tokens = -1;             /* filled on first use */
+    e->tokens = -1; /* filled on first use */
     e->tokens_cap = 0;
     e->tokens_at = 0;
     e->last_status = 0;
@@ -120,13 +120,12 @@ take_ref(OdEndpointSlot *slots, int i, OdEndpointRef *ref)
 }
 
 bool
-od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, int n_keep,
-                    OdEndpointRef *ref)
+od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, int n_keep, OdEndpointRef *ref)
 {
     OdEndpointSlot *slots;
-    int         n;
-    int         found;
-    int         free_slot = -1;
+    int             n;
+    int             found;
+    int             free_slot = -1;
 
     ref->slot = -1;
     ref->generation = 0;
@@ -162,8 +161,7 @@ od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, i
             OdEndpointSlot *e = &slots[i];
 
             SpinLockAcquire(&e->mutex);
-            if (e->used && e->in_flight == 0 && !e->probe_taken &&
-                (e->relid != relid || !in_keep(e->id, keep, n_keep)))
+            if (e->used && e->in_flight == 0 && !e->probe_taken && (e->relid != relid || !in_keep(e->id, keep, n_keep)))
             {
                 e->used = false;
                 e->generation++;
@@ -188,11 +186,11 @@ od_endpoint_acquire(Oid relid, int64 id, const char *label, const int64 *keep, i
 }
 
 int
-od_endpoint_reserve(OdEndpointRef ref, const OdEndpointLimits *lim, int want, TimestampTz now,
-                    bool *probe, TimestampTz *retry_at, bool *stale)
+od_endpoint_reserve(OdEndpointRef ref, const OdEndpointLimits *lim, int want, TimestampTz now, bool *probe,
+                    TimestampTz *retry_at, bool *stale)
 {
     OdEndpointSlot *e = slot_of(ref);
-    int         n = want;
+    int             n = want;
 
     *probe = false;
     *retry_at = 0;
@@ -285,7 +283,7 @@ bool
 od_endpoint_breaker_open(OdEndpointRef ref)
 {
     OdEndpointSlot *e = slot_of(ref);
-    bool        open;
+    bool            open;
 
     if (e == nullptr)
         return false;
@@ -314,7 +312,7 @@ od_endpoint_unreserve(OdEndpointRef ref, int n, bool probe)
     if (e->tokens >= 0)
         e->tokens = Min(e->tokens + n, Max(e->tokens_cap, 1.0));
     if (probe)
-        e->probe_taken = false;     /* nothing was claimed: the next claim may probe */
+        e->probe_taken = false; /* nothing was claimed: the next claim may probe */
     SpinLockRelease(&e->mutex);
 }
 
@@ -322,10 +320,10 @@ bool
 od_endpoint_hold(OdEndpointRef ref, int n)
 {
     OdEndpointSlot *e = slot_of(ref);
-    bool        ok;
+    bool            ok;
 
     if (n <= 0 || e == nullptr)
-        return true;            /* nothing to count, or no shared state for it */
+        return true; /* nothing to count, or no shared state for it */
     SpinLockAcquire(&e->mutex);
     ok = current(e, ref);
     if (ok)
@@ -352,8 +350,8 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointS
                    double latency_ms, const char *error, bool probe, TimestampTz now)
 {
     OdEndpointSlot *e = slot_of(ref);
-    uint64      us = od::latency_us(latency_ms);
-    int         b = od::latency_bucket(us);
+    uint64          us = od::latency_us(latency_ms);
+    int             b = od::latency_bucket(us);
 
     if (e == nullptr)
         return;

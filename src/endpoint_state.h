@@ -11,10 +11,10 @@
 /* Per-endpoint settings the shared state needs (from outbox.endpoints). */
 typedef struct OdEndpointLimits
 {
-    int     max_in_flight;
-    double  rate_limit;             /* messages per second; <= 0 = unlimited */
-    int     breaker_threshold;      /* consecutive failures that open the breaker */
-    int64   breaker_cooldown_us;    /* first open period; doubles per trip */
+    int    max_in_flight;
+    double rate_limit;          /* messages per second; <= 0 = unlimited */
+    int    breaker_threshold;   /* consecutive failures that open the breaker */
+    int64  breaker_cooldown_us; /* first open period; doubles per trip */
 } OdEndpointLimits;
 
 /*
@@ -24,8 +24,8 @@ typedef struct OdEndpointLimits
  */
 typedef struct OdEndpointRef
 {
-    int     slot;                   /* -1: none */
-    uint32  generation;
+    int    slot; /* -1: none */
+    uint32 generation;
 } OdEndpointRef;
 
 /*
@@ -46,8 +46,8 @@ extern bool od_endpoint_acquire(Oid relid, int64 id, const char *label, const in
  * reservation could succeed (0 = unknown).  *stale is set when the slot
  * changed hands (refresh the endpoint list).
  */
-extern int  od_endpoint_reserve(OdEndpointRef ref, const OdEndpointLimits *lim, int want, TimestampTz now,
-                                bool *probe, TimestampTz *retry_at, bool *stale);
+extern int  od_endpoint_reserve(OdEndpointRef ref, const OdEndpointLimits *lim, int want, TimestampTz now, bool *probe,
+                                TimestampTz *retry_at, bool *stale);
 /* Is the endpoint's breaker open or half-open? */
 extern bool od_endpoint_breaker_open(OdEndpointRef ref);
 /* Give back reservations that the claim did not use. */
@@ -58,8 +58,7 @@ extern bool od_endpoint_hold(OdEndpointRef ref, int n);
 extern void od_endpoint_release(OdEndpointRef ref, int n);
 
 /* Record one result (its breaker signal: core/policy.hpp): statistics and breaker transitions. */
-extern void od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r,
-                               int http_status, double latency_ms, const char *error, bool probe,
-                               TimestampTz now);
+extern void od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r, int http_status,
+                               double latency_ms, const char *error, bool probe, TimestampTz now);
 
 #endif /* OUTBOX_DISPATCHER_ENDPOINT_STATE_H */

@@ -36,8 +36,8 @@ od_pin_search_path(void)
     if (namespace_search_path != nullptr && strcmp(namespace_search_path, OD_SAFE_SEARCH_PATH) == 0)
         return -1;
     level = NewGUCNestLevel();
-    (void) set_config_option("search_path", OD_SAFE_SEARCH_PATH, PGC_USERSET, PGC_S_SESSION,
-                             GUC_ACTION_SAVE, true, 0, false);
+    (void) set_config_option("search_path", OD_SAFE_SEARCH_PATH, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
+                             false);
     return level;
 }
 

@@ -15,11 +15,11 @@
 #define OD_SAFE_SEARCH_PATH "pg_catalog, pg_temp"
 
 /* Pin search_path for the current function; returns the GUC nest level to pass to unpin. */
-extern int  od_pin_search_path(void);
-extern void od_unpin_search_path(int nestlevel);
+extern int   od_pin_search_path(void);
+extern void  od_unpin_search_path(int nestlevel);
 /* SPI_connect + pin, and unpin + SPI_finish. */
-extern int  od_spi_connect(void);
-extern void od_spi_finish(int nestlevel);
+extern int   od_spi_connect(void);
+extern void  od_spi_finish(int nestlevel);
 
 /*
  * Time conversions, the only ones: saturating interval -> microseconds

@@ -28,28 +28,28 @@ PG_MODULE_MAGIC;
 void _PG_init(void);
 }
 
-char *od_database = nullptr;
-char *od_role = nullptr;
-int   od_workers = 2;
-bool  od_enabled = true;
-int   od_batch_size = 100;
-int   od_lease_ms = 60000;
-int   od_max_attempts = 12;
-int   od_poll_interval_ms = 1000;
-int   od_backoff_base_ms = 1000;
-int   od_backoff_cap_ms = 300000;
-int   od_defer_delay_ms = 30000;
-int   od_max_defer_age_s = 86400;
-int   od_retention_s = 7 * 86400;
-char *od_source = nullptr;
-int   od_max_payload_bytes = 1024 * 1024;
-int   od_max_header_bytes = 16384;
-int   od_max_headers = 64;
-int   od_max_schedule_ahead_s = 366 * 86400;
-int   od_max_endpoints = 1024;
-char *od_ca_file = nullptr;
+char                          *od_database = nullptr;
+char                          *od_role = nullptr;
+int                            od_workers = 2;
+bool                           od_enabled = true;
+int                            od_batch_size = 100;
+int                            od_lease_ms = 60000;
+int                            od_max_attempts = 12;
+int                            od_poll_interval_ms = 1000;
+int                            od_backoff_base_ms = 1000;
+int                            od_backoff_cap_ms = 300000;
+int                            od_defer_delay_ms = 30000;
+int                            od_max_defer_age_s = 86400;
+int                            od_retention_s = 7 * 86400;
+char                          *od_source = nullptr;
+int                            od_max_payload_bytes = 1024 * 1024;
+int                            od_max_header_bytes = 16384;
+int                            od_max_headers = 64;
+int                            od_max_schedule_ahead_s = 366 * 86400;
+int                            od_max_endpoints = 1024;
+char                          *od_ca_file = nullptr;
 
-OdShared *od_shared = nullptr;
+OdShared                      *od_shared = nullptr;
 
 static shmem_request_hook_type prev_shmem_request_hook = nullptr;
 static shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
@@ -86,7 +86,7 @@ od_shmem_startup(void)
         pg_atomic_init_u32(&od_shared->endpoints_unserved, 0);
         pg_atomic_init_u64(&od_shared->endpoints_generation, 0);
         pg_atomic_init_u64(&od_shared->lost_leases, 0);
-        pg_atomic_init_u64(&od_shared->lease_check_at, 0);  /* after a (re)start: check at once */
+        pg_atomic_init_u64(&od_shared->lease_check_at, 0); /* after a (re)start: check at once */
         for (int i = 0; i < OD_MAX_WORKERS; i++)
         {
             OdWorkerSlot *w = &od_shared->workers[i];
@@ -94,9 +94,9 @@ od_shmem_startup(void)
             pg_atomic_init_u32(&w->state, OD_STATE_STOPPED);
             pg_atomic_init_u32(&w->in_flight, 0);
             pg_atomic_init_u32(&w->idle, 0);
-            pg_atomic_uint64 *counters[] = {&w->claimed, &w->delivered, &w->retried, &w->deferred,
-                                            &w->dead, &w->reaped, &w->lost_leases, &w->cycles,
-                                            &w->latency_count, &w->latency_sum_us, &w->latency_max_us};
+            pg_atomic_uint64 *counters[] = { &w->claimed,       &w->delivered,      &w->retried,       &w->deferred,
+                                             &w->dead,          &w->reaped,         &w->lost_leases,   &w->cycles,
+                                             &w->latency_count, &w->latency_sum_us, &w->latency_max_us };
             for (pg_atomic_uint64 *c : counters)
                 pg_atomic_init_u64(c, 0);
             for (int b = 0; b < OD_LATENCY_BUCKETS; b++)
@@ -122,7 +122,7 @@ od_check_source(char **newval, void **extra, GucSource source)
     const char *problem;
 
     if (*newval == nullptr || (*newval)[0] == '\0')
-        return true;            /* empty: the default /postgresql/<database>/outbox */
+        return true; /* empty: the default /postgresql/<database>/outbox */
     problem = od::check_header_value(*newval, strlen(*newval));
     if (problem)
     {
@@ -136,90 +136,64 @@ od_check_source(char **newval, void **extra, GucSource source)
 static void
 od_define_gucs(void)
 {
-    DefineCustomStringVariable("outbox_dispatcher.database",
-                               "Database the dispatcher workers connect to.",
-                               NULL, &od_database, "postgres",
-                               PGC_POSTMASTER, 0, NULL, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.database", "Database the dispatcher workers connect to.", NULL,
+                               &od_database, "postgres", PGC_POSTMASTER, 0, NULL, NULL, NULL);
     DefineCustomStringVariable("outbox_dispatcher.role",
                                "Role the dispatcher workers connect as (empty: the bootstrap superuser).",
-                               "A dedicated role that is a member of outbox_admin is recommended.",
-                               &od_role, "",
+                               "A dedicated role that is a member of outbox_admin is recommended.", &od_role, "",
                                PGC_POSTMASTER, 0, NULL, NULL, NULL);
-    DefineCustomIntVariable("outbox_dispatcher.workers",
-                            "Number of dispatcher background workers.",
-                            NULL, &od_workers, 2, 0, 64,
-                            PGC_POSTMASTER, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.workers", "Number of dispatcher background workers.", NULL, &od_workers,
+                            2, 0, 64, PGC_POSTMASTER, 0, NULL, NULL, NULL);
     DefineCustomBoolVariable("outbox_dispatcher.enabled",
-                             "Whether the dispatcher workers claim messages (off pauses them).",
-                             NULL, &od_enabled, true,
-                             PGC_SIGHUP, 0, NULL, NULL, NULL);
-    DefineCustomIntVariable("outbox_dispatcher.batch_size",
-                            "Maximum number of messages one worker claims per cycle.",
-                            NULL, &od_batch_size, 100, 1, 10000,
-                            PGC_SIGHUP, 0, NULL, NULL, NULL);
-    DefineCustomIntVariable("outbox_dispatcher.lease",
-                            "How long a claimed message belongs to its worker.",
-                            "Must be longer than every endpoint's timeout.",
-                            &od_lease_ms, 60000, 100, INT_MAX,
+                             "Whether the dispatcher workers claim messages (off pauses them).", NULL, &od_enabled,
+                             true, PGC_SIGHUP, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.batch_size", "Maximum number of messages one worker claims per cycle.",
+                            NULL, &od_batch_size, 100, 1, 10000, PGC_SIGHUP, 0, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.lease", "How long a claimed message belongs to its worker.",
+                            "Must be longer than every endpoint's timeout.", &od_lease_ms, 60000, 100, INT_MAX,
                             PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_attempts",
-                            "Attempts after which a retryable failure makes a message dead.",
-                            NULL, &od_max_attempts, 12, 1, 1000,
-                            PGC_SIGHUP, 0, NULL, NULL, NULL);
+                            "Attempts after which a retryable failure makes a message dead.", NULL, &od_max_attempts,
+                            12, 1, 1000, PGC_SIGHUP, 0, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.poll_interval",
-                            "Fallback polling interval of idle workers (commits wake them at once).",
-                            NULL, &od_poll_interval_ms, 1000, 10, 3600 * 1000,
-                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+                            "Fallback polling interval of idle workers (commits wake them at once).", NULL,
+                            &od_poll_interval_ms, 1000, 10, 3600 * 1000, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.backoff_base",
-                            "Base of the full-jitter exponential backoff between attempts.",
-                            NULL, &od_backoff_base_ms, 1000, 1, INT_MAX,
-                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
-    DefineCustomIntVariable("outbox_dispatcher.backoff_cap",
-                            "Upper bound of the backoff between attempts.",
-                            NULL, &od_backoff_cap_ms, 300000, 1, INT_MAX,
-                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+                            "Base of the full-jitter exponential backoff between attempts.", NULL, &od_backoff_base_ms,
+                            1000, 1, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.backoff_cap", "Upper bound of the backoff between attempts.", NULL,
+                            &od_backoff_cap_ms, 300000, 1, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.defer_delay",
-                            "Delay after a defer status when the response has no Retry-After.",
-                            NULL, &od_defer_delay_ms, 30000, 1, INT_MAX,
-                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+                            "Delay after a defer status when the response has no Retry-After.", NULL,
+                            &od_defer_delay_ms, 30000, 1, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_defer_age",
-                            "Age after which a message that is still deferred becomes dead.",
-                            NULL, &od_max_defer_age_s, 86400, 1, INT_MAX,
-                            PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
+                            "Age after which a message that is still deferred becomes dead.", NULL, &od_max_defer_age_s,
+                            86400, 1, INT_MAX, PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.retention",
-                            "How long done messages are kept before the workers purge them (0 keeps them).",
-                            NULL, &od_retention_s, 7 * 86400, 0, INT_MAX,
-                            PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
+                            "How long done messages are kept before the workers purge them (0 keeps them).", NULL,
+                            &od_retention_s, 7 * 86400, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
     DefineCustomStringVariable("outbox_dispatcher.source",
-                               "CloudEvents source attribute (empty: /postgresql/<database>/outbox).",
-                               NULL, &od_source, "",
-                               PGC_SIGHUP, 0, od_check_source, NULL, NULL);
+                               "CloudEvents source attribute (empty: /postgresql/<database>/outbox).", NULL, &od_source,
+                               "", PGC_SIGHUP, 0, od_check_source, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_payload_bytes",
-                            "Largest payload accepted, measured as the JSON text sent.",
-                            NULL, &od_max_payload_bytes, 1024 * 1024, 1, 1024 * 1024 * 1024,
-                            PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+                            "Largest payload accepted, measured as the JSON text sent.", NULL, &od_max_payload_bytes,
+                            1024 * 1024, 1, 1024 * 1024 * 1024, PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_header_bytes",
-                            "Largest total size of one message's extra headers (names and values).",
-                            NULL, &od_max_header_bytes, 16384, 0, 1024 * 1024,
-                            PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
-    DefineCustomIntVariable("outbox_dispatcher.max_headers",
-                            "Largest number of extra headers one message may carry.",
-                            NULL, &od_max_headers, 64, 0, 1000,
-                            PGC_SUSET, 0, NULL, NULL, NULL);
+                            "Largest total size of one message's extra headers (names and values).", NULL,
+                            &od_max_header_bytes, 16384, 0, 1024 * 1024, PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.max_headers", "Largest number of extra headers one message may carry.",
+                            NULL, &od_max_headers, 64, 0, 1000, PGC_SUSET, 0, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_schedule_ahead",
-                            "How far in the future a message's available_at may be when it is enqueued.",
-                            NULL, &od_max_schedule_ahead_s, 366 * 86400, 1, INT_MAX,
-                            PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
+                            "How far in the future a message's available_at may be when it is enqueued.", NULL,
+                            &od_max_schedule_ahead_s, 366 * 86400, 1, INT_MAX, PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_endpoints",
                             "Endpoints whose shared state (breaker, limits, statistics) the workers can keep.",
-                            "Enabled endpoints beyond this number are not served.",
-                            &od_max_endpoints, 1024, 16, 100000,
+                            "Enabled endpoints beyond this number are not served.", &od_max_endpoints, 1024, 16, 100000,
                             PGC_POSTMASTER, 0, NULL, NULL, NULL);
 
     DefineCustomStringVariable("outbox_dispatcher.ca_file",
-                               "CA bundle used to verify endpoints' TLS certificates (empty: the system store).",
-                               NULL, &od_ca_file, "",
-                               PGC_SIGHUP, 0, NULL, NULL, NULL);
+                               "CA bundle used to verify endpoints' TLS certificates (empty: the system store).", NULL,
+                               &od_ca_file, "", PGC_SIGHUP, 0, NULL, NULL, NULL);
 
     MarkGUCPrefixReserved("outbox_dispatcher");
 }
@@ -228,10 +202,11 @@ extern "C" void
 _PG_init(void)
 {
     if (!process_shared_preload_libraries_in_progress)
-        ereport(ERROR,
-                (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-                 errmsg("outbox_dispatcher must be loaded via shared_preload_libraries"),
-                 errhint("Add outbox_dispatcher to shared_preload_libraries in postgresql.conf and restart the server.")));
+        ereport(
+            ERROR,
+            (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+             errmsg("outbox_dispatcher must be loaded via shared_preload_libraries"),
+             errhint("Add outbox_dispatcher to shared_preload_libraries in postgresql.conf and restart the server.")));
 
     od_define_gucs();
 

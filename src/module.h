@@ -29,7 +29,7 @@ extern int   od_max_endpoints;
 extern char *od_ca_file;
 
 #define OD_MAX_WORKERS 64
-#define OD_LATENCY_BUCKETS 32       /* core/histogram.hpp: bucket b counts < 2^b microseconds */
+#define OD_LATENCY_BUCKETS 32 /* core/histogram.hpp: bucket b counts < 2^b microseconds */
 static_assert(OD_LATENCY_BUCKETS == od::kLatencyBuckets, "one histogram layout");
 
 typedef enum OdWorkerState
@@ -50,10 +50,10 @@ typedef enum OdWorkerState
  */
 typedef struct OdWorkerSlot
 {
-    pid_t            pid;           /* 0 = no worker */
-    Latch           *latch;         /* the worker's process latch, for wakes */
-    pg_atomic_uint32 state;         /* OdWorkerState */
-    pg_atomic_uint32 idle;          /* 1 while waiting with an empty pipeline */
+    pid_t            pid;   /* 0 = no worker */
+    Latch           *latch; /* the worker's process latch, for wakes */
+    pg_atomic_uint32 state; /* OdWorkerState */
+    pg_atomic_uint32 idle;  /* 1 while waiting with an empty pipeline */
     pg_atomic_uint32 in_flight;
     TimestampTz      started_at;
     pg_atomic_uint64 claimed;
@@ -90,7 +90,7 @@ typedef struct OdWorkerSlot
  * under the slot spinlock.  State lives only in shared memory: a restart
  * closes every breaker.
  */
-#define OD_ENDPOINT_LABEL 64       /* display copy of the name (truncated) */
+#define OD_ENDPOINT_LABEL 64 /* display copy of the name (truncated) */
 
 typedef enum OdBreakerState
 {
@@ -103,21 +103,21 @@ typedef struct OdEndpointSlot
 {
     slock_t     mutex;
     bool        used;
-    uint32      generation;         /* bumped whenever the slot changes hands */
-    Oid         relid;              /* outbox.endpoints of this key */
-    int64       id;                 /* outbox.endpoints.id (or a name hash on 0.2.0 schemas) */
+    uint32      generation; /* bumped whenever the slot changes hands */
+    Oid         relid;      /* outbox.endpoints of this key */
+    int64       id;         /* outbox.endpoints.id (or a name hash on 0.2.0 schemas) */
     char        label[OD_ENDPOINT_LABEL];
     /* circuit breaker */
-    int         breaker;            /* OdBreakerState */
+    int         breaker; /* OdBreakerState */
     int         consecutive_failures;
-    int         trips;              /* consecutive trips without a success */
+    int         trips; /* consecutive trips without a success */
     TimestampTz opened_at;
     TimestampTz next_probe_at;
-    bool        probe_taken;        /* half-open: one worker holds the probe */
+    bool        probe_taken; /* half-open: one worker holds the probe */
     /* limits */
-    int         in_flight;          /* claimed by some worker, not yet answered */
-    double      tokens;             /* rate limit bucket */
-    double      tokens_cap;         /* its capacity when last refilled */
+    int         in_flight;  /* claimed by some worker, not yet answered */
+    double      tokens;     /* rate limit bucket */
+    double      tokens_cap; /* its capacity when last refilled */
     TimestampTz tokens_at;
     /* statistics */
     int         last_status;
@@ -134,17 +134,17 @@ typedef struct OdEndpointSlot
 
 typedef struct OdShared
 {
-    pg_atomic_uint64 lost_leases;   /* fenced finalizes that updated no row, all backends */
-    pg_atomic_uint64 lease_check_at; /* TimestampTz: look for expired leases from then (0 = now) */
-    pg_atomic_uint32 endpoints_unserved; /* enabled endpoints the last refresh found no slot for */
+    pg_atomic_uint64 lost_leases;          /* fenced finalizes that updated no row, all backends */
+    pg_atomic_uint64 lease_check_at;       /* TimestampTz: look for expired leases from then (0 = now) */
+    pg_atomic_uint32 endpoints_unserved;   /* enabled endpoints the last refresh found no slot for */
     pg_atomic_uint64 endpoints_generation; /* bumped at the commit of every change of outbox.endpoints (0.3.0) */
-    int              max_endpoints; /* slots in od_endpoint_slots() */
+    int              max_endpoints;        /* slots in od_endpoint_slots() */
     OdWorkerSlot     workers[OD_MAX_WORKERS];
     LWLock          *endpoint_lock; /* assigns and reclaims endpoint slots */
 } OdShared;
 
 /* Shared memory needed for OdShared and its endpoint slots. */
-extern Size od_shared_size(void);
+extern Size      od_shared_size(void);
 /* NULL unless the library was loaded by shared_preload_libraries. */
 extern OdShared *od_shared;
 

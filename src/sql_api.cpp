@@ -41,9 +41,7 @@ static void
 require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 {
     if (PG_ARGISNULL(argno))
-        ereport(ERROR,
-                (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-                 errmsg("%s must not be null", name)));
+        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be null", name)));
 }
 
 static void
@@ -51,9 +49,7 @@ require_nonempty_text(FunctionCallInfo fcinfo, int argno, const char *name)
 {
     require_arg(fcinfo, argno, name);
     if (VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(argno)) == 0)
-        ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("%s must not be empty", name)));
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must not be empty", name)));
 }
 
 static int64
@@ -82,8 +78,7 @@ http_status_arg(FunctionCallInfo fcinfo, int argno)
     status = PG_GETARG_INT32(argno);
     if (status < 100 || status > 599)
         ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("http_status must be between 100 and 599"),
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("http_status must be between 100 and 599"),
                  errdetail("The value given is %d.", status)));
     return status;
 }
@@ -93,9 +88,9 @@ http_status_arg(FunctionCallInfo fcinfo, int argno)
 extern "C" Datum
 od_enqueue_sql(PG_FUNCTION_ARGS)
 {
-    Datum       values[8];
-    bool        nulls[8];
-    int64       id;
+    Datum values[8];
+    bool  nulls[8];
+    int64 id;
 
     require_arg(fcinfo, 0, "aggregate_type");
     require_arg(fcinfo, 1, "aggregate_id");
@@ -146,36 +141,33 @@ od_claim_sql(PG_FUNCTION_ARGS)
 extern "C" Datum
 od_claim_v022_sql(PG_FUNCTION_ARGS)
 {
-    ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-    char       *owner;
-    int         batch;
-    int64       lease_us;
-    int         max_attempts;
-    MemoryContext per_query;
-    MemoryContext oldcxt;
-    int         level;
+    ReturnSetInfo   *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+    char            *owner;
+    int              batch;
+    int64            lease_us;
+    int              max_attempts;
+    MemoryContext    per_query;
+    MemoryContext    oldcxt;
+    int              level;
     Tuplestorestate *store;
-    TupleDesc   tupdesc;
+    TupleDesc        tupdesc;
 
     require_nonempty_text(fcinfo, 0, "owner");
     require_arg(fcinfo, 1, "batch");
     batch = PG_GETARG_INT32(1);
     if (batch <= 0)
         ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("batch must be positive"),
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("batch must be positive"),
                  errdetail("The value given is %d.", batch)));
     lease_us = positive_interval_arg(fcinfo, 2, "lease", false);
     max_attempts = PG_ARGISNULL(3) ? od_max_attempts : PG_GETARG_INT32(3);
     if (max_attempts < 1)
         ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("max_attempts must be at least 1"),
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("max_attempts must be at least 1"),
                  errdetail("The value given is %d.", max_attempts)));
     owner = text_to_cstring(PG_GETARG_TEXT_PP(0));
 
-    if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) ||
-        (rsinfo->allowedModes & SFRM_Materialize) == 0)
+    if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) || (rsinfo->allowedModes & SFRM_Materialize) == 0)
         ereport(ERROR,
                 (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
                  errmsg("set-valued function called in context that cannot accept a set")));
@@ -235,7 +227,7 @@ fence_args(FunctionCallInfo fcinfo, OdFinalize *item)
 extern "C" Datum
 od_mark_done_sql(PG_FUNCTION_ARGS)
 {
-    OdFinalize  item;
+    OdFinalize item;
 
     fence_args(fcinfo, &item);
     item.verdict = od::Verdict::Done;
@@ -246,7 +238,7 @@ od_mark_done_sql(PG_FUNCTION_ARGS)
 extern "C" Datum
 od_reschedule_sql(PG_FUNCTION_ARGS)
 {
-    OdFinalize  item;
+    OdFinalize item;
 
     fence_args(fcinfo, &item);
     item.verdict = od::Verdict::Retry;
@@ -260,7 +252,7 @@ od_reschedule_sql(PG_FUNCTION_ARGS)
 extern "C" Datum
 od_mark_dead_sql(PG_FUNCTION_ARGS)
 {
-    OdFinalize  item;
+    OdFinalize item;
 
     fence_args(fcinfo, &item);
     require_nonempty_text(fcinfo, 2, "error");
@@ -293,7 +285,7 @@ od_retry_dead_sql(PG_FUNCTION_ARGS)
     const char *event_type = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
     uint64      n;
 
-    int level = od_spi_connect();
+    int         level = od_spi_connect();
     n = od_retry_dead(endpoint, event_type);
     od_spi_finish(level);
     if (n > 0)
@@ -312,7 +304,7 @@ od_skip_sql(PG_FUNCTION_ARGS)
     ok = od_skip(PG_GETARG_INT64(0), text_to_cstring(PG_GETARG_TEXT_PP(1)));
     od_spi_finish(level);
     if (ok)
-        od_wake_at_commit();    /* may unblock an ordered aggregate */
+        od_wake_at_commit(); /* may unblock an ordered aggregate */
     PG_RETURN_BOOL(ok);
 }
 
@@ -322,7 +314,7 @@ od_purge_sql(PG_FUNCTION_ARGS)
     int64  older_than = positive_interval_arg(fcinfo, 0, "older_than", true);
     uint64 n;
 
-    int level = od_spi_connect();
+    int    level = od_spi_connect();
     n = od_purge(older_than, 0);
     od_spi_finish(level);
     PG_RETURN_INT64((int64) n);
@@ -346,8 +338,7 @@ od_replay_sql(PG_FUNCTION_ARGS)
     to_id = PG_GETARG_INT64(1);
     if (from_id > to_id)
         ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("from_id must not be greater than to_id"),
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("from_id must not be greater than to_id"),
                  errdetail("The range given is %lld to %lld.", (long long) from_id, (long long) to_id)));
     endpoint = PG_ARGISNULL(2) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(2));
     int level = od_spi_connect();
@@ -366,13 +357,13 @@ od_replay_sql(PG_FUNCTION_ARGS)
 extern "C" Datum
 od_move_messages_sql(PG_FUNCTION_ARGS)
 {
-    char       *from, *to;
-    ArrayType  *arr;
-    Datum      *elems;
-    bool       *enulls;
-    int         nelems;
-    uint64      n;
-    bool        found;
+    char      *from, *to;
+    ArrayType *arr;
+    Datum     *elems;
+    bool      *enulls;
+    int        nelems;
+    uint64     n;
+    bool       found;
 
     require_nonempty_text(fcinfo, 0, "from_endpoint");
     require_nonempty_text(fcinfo, 1, "to_endpoint");
@@ -380,33 +371,28 @@ od_move_messages_sql(PG_FUNCTION_ARGS)
     from = text_to_cstring(PG_GETARG_TEXT_PP(0));
     to = text_to_cstring(PG_GETARG_TEXT_PP(1));
     if (strcmp(from, to) == 0)
-        ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("from_endpoint and to_endpoint must differ")));
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("from_endpoint and to_endpoint must differ")));
     arr = PG_GETARG_ARRAYTYPE_P(2);
     deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &enulls, &nelems);
     if (nelems == 0)
-        ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("statuses must not be empty")));
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("statuses must not be empty")));
     for (int i = 0; i < nelems; i++)
     {
         char *st = enulls[i] ? nullptr : TextDatumGetCString(elems[i]);
 
         if (st == nullptr || (strcmp(st, "pending") != 0 && strcmp(st, "dead") != 0))
-            ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("only pending and dead messages can be moved"),
-                     errdetail("The statuses given include %s.", st ? quote_literal_cstr(st) : "NULL"),
-                     errhint("Messages in flight (processing) finish first; delivered ones (done) stay where they were delivered.")));
+            ereport(
+                ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("only pending and dead messages can be moved"),
+                 errdetail("The statuses given include %s.", st ? quote_literal_cstr(st) : "NULL"),
+                 errhint(
+                     "Messages in flight (processing) finish first; delivered ones (done) stay where they were delivered.")));
     }
 
     int level = od_spi_connect();
     found = od_endpoint_presence(CStringGetTextDatum(to), nullptr) != OD_ENDPOINT_MISSING;
     if (!found)
-        ereport(ERROR,
-                (errcode(ERRCODE_UNDEFINED_OBJECT),
-                 errmsg("endpoint \"%s\" does not exist", to)));
+        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("endpoint \"%s\" does not exist", to)));
     n = od_move(from, to, PointerGetDatum(arr));
     od_spi_finish(level);
     if (n > 0)

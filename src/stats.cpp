@@ -19,8 +19,8 @@ extern "C" {
 PG_FUNCTION_INFO_V1(od_worker_stats_sql);
 }
 
-static const char *const state_names[] = {"stopped", "starting", "idle", "claiming",
-                                          "delivering", "finalizing", "paused"};
+static const char *const state_names[] = { "stopped",    "starting",   "idle",  "claiming",
+                                           "delivering", "finalizing", "paused" };
 
 extern "C" Datum
 od_worker_stats_sql(PG_FUNCTION_ARGS)
@@ -34,14 +34,14 @@ od_worker_stats_sql(PG_FUNCTION_ARGS)
     for (int i = 0; i < od_workers && i < OD_MAX_WORKERS; i++)
     {
         OdWorkerSlot *w = &od_shared->workers[i];
-        Datum       values[19];
-        bool        nulls[19];
-        uint64      buckets[OD_LATENCY_BUCKETS];
-        uint64      count;
-        uint32      state;
-        char        last_error[sizeof(w->last_error)];
-        TimestampTz last_error_at;
-        pid_t       pid = w->pid;
+        Datum         values[19];
+        bool          nulls[19];
+        uint64        buckets[OD_LATENCY_BUCKETS];
+        uint64        count;
+        uint32        state;
+        char          last_error[sizeof(w->last_error)];
+        TimestampTz   last_error_at;
+        pid_t         pid = w->pid;
 
         memset(nulls, 0, sizeof(nulls));
         state = pg_atomic_read_u32(&w->state);
@@ -101,13 +101,13 @@ PG_FUNCTION_INFO_V1(od_endpoint_health_v2_sql);
 PG_FUNCTION_INFO_V1(od_endpoints_unserved_sql);
 }
 
-static const char *const breaker_names[] = {"closed", "open", "half_open"};
+static const char *const breaker_names[] = { "closed", "open", "half_open" };
 
 static void
 endpoint_health_rows(FunctionCallInfo fcinfo, bool keyed)
 {
     ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-    int         off = keyed ? 2 : 1;
+    int            off = keyed ? 2 : 1;
 
     InitMaterializedSRF(fcinfo, 0);
     if (od_shared == nullptr)

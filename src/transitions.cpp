@@ -78,7 +78,7 @@ extern "C" {
 /* ---------------------------------------------------------------- plans */
 
 static SPIPlanPtr plan_reap = nullptr;
-static SPIPlanPtr plan_claim[2] = {nullptr, nullptr};
+static SPIPlanPtr plan_claim[2] = { nullptr, nullptr };
 static SPIPlanPtr plan_next_deadline = nullptr;
 static SPIPlanPtr plan_finalize = nullptr;
 static SPIPlanPtr plan_retry = nullptr;
@@ -160,9 +160,9 @@ static const char *const SQL_NEXT_DEADLINE =
  * can have expired yet ($4 and $7 unused: declared parameters need not be
  * referenced).
  */
-static const char *const SQL_CLAIM[2] = {
-    SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED) SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE,
-    SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE};
+static const char *const SQL_CLAIM[2] = { SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED)
+                                              SQL_CLAIM_READY_ARM                           SQL_CLAIM_UPDATE,
+                                          SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE };
 
 static const char *const SQL_FINALIZE =
     "UPDATE outbox.messages AS m"
@@ -185,11 +185,10 @@ static const char *const SQL_FINALIZE =
     "   AND (r.lease_until IS NULL OR m.lease_until = r.lease_until) "
     "RETURNING m.id";
 
-static const char *const SQL_RETRY =
-    "UPDATE outbox.messages"
-    "   SET status = 'pending', attempts = 0, available_at = now(),"
-    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
-    " WHERE id = $1 AND status = 'dead'";
+static const char *const SQL_RETRY = "UPDATE outbox.messages"
+                                     "   SET status = 'pending', attempts = 0, available_at = now(),"
+                                     "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
+                                     " WHERE id = $1 AND status = 'dead'";
 
 static const char *const SQL_RETRY_DEAD =
     "UPDATE outbox.messages"
@@ -198,19 +197,17 @@ static const char *const SQL_RETRY_DEAD =
     " WHERE status = 'dead' AND ($1::text IS NULL OR endpoint = $1)"
     "   AND ($2::text IS NULL OR event_type = $2)";
 
-static const char *const SQL_SKIP =
-    "UPDATE outbox.messages"
-    "   SET status = 'done', done_at = now(), last_error = 'skipped: ' || $2,"
-    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
-    " WHERE id = $1 AND status <> 'done'";
+static const char *const SQL_SKIP = "UPDATE outbox.messages"
+                                    "   SET status = 'done', done_at = now(), last_error = 'skipped: ' || $2,"
+                                    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
+                                    " WHERE id = $1 AND status <> 'done'";
 
-static const char *const SQL_PURGE =
-    "WITH old AS ("
-    "  SELECT id FROM outbox.messages"
-    "   WHERE status = 'done' AND done_at < now() - $1"
-    "   ORDER BY done_at LIMIT $2"
-    "     FOR UPDATE SKIP LOCKED) "
-    "DELETE FROM outbox.messages AS m WHERE m.id = ANY (ARRAY(SELECT id FROM old))";
+static const char *const SQL_PURGE = "WITH old AS ("
+                                     "  SELECT id FROM outbox.messages"
+                                     "   WHERE status = 'done' AND done_at < now() - $1"
+                                     "   ORDER BY done_at LIMIT $2"
+                                     "     FOR UPDATE SKIP LOCKED) "
+                                     "DELETE FROM outbox.messages AS m WHERE m.id = ANY (ARRAY(SELECT id FROM old))";
 
 static const char *const SQL_REPLAY =
     "UPDATE outbox.messages"
@@ -219,10 +216,9 @@ static const char *const SQL_REPLAY =
     "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
     " WHERE status = 'done' AND id BETWEEN $1 AND $2 AND ($3::text IS NULL OR endpoint = $3)";
 
-static const char *const SQL_MOVE =
-    "UPDATE outbox.messages"
-    "   SET endpoint = $2, lease_version = lease_version + 1"
-    " WHERE endpoint = $1 AND status = ANY ($3::text[])";
+static const char *const SQL_MOVE = "UPDATE outbox.messages"
+                                    "   SET endpoint = $2, lease_version = lease_version + 1"
+                                    " WHERE endpoint = $1 AND status = ANY ($3::text[])";
 
 static const char *const SQL_ENQUEUE =
     "INSERT INTO outbox.messages"
@@ -256,8 +252,8 @@ static bool plan_shapes_fixed = false;
 void
 od_fix_plan_shapes(void)
 {
-    static const char *const off[] = {"enable_seqscan", "enable_bitmapscan", "enable_hashjoin",
-                                      "enable_mergejoin", "enable_sort"};
+    static const char *const off[] = { "enable_seqscan", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin",
+                                       "enable_sort" };
 
     for (const char *name : off)
         SetConfigOption(name, "off", PGC_USERSET, PGC_S_OVERRIDE);
@@ -307,16 +303,15 @@ od_prepare_hot(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes
 static ArrayType *
 build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 {
-    int16       typlen;
-    bool        typbyval;
-    char        typalign;
-    int         dims[1] = {n};
-    int         lbs[1] = {1};
+    int16 typlen;
+    bool  typbyval;
+    char  typalign;
+    int   dims[1] = { n };
+    int   lbs[1] = { 1 };
 
     get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
     return construct_md_array(elems, nulls, 1, dims, lbs, elemtype, typlen, typbyval, typalign);
 }
-
 
 /* ---------------------------------------------------------------- lease checks */
 
@@ -343,21 +338,22 @@ note_lease_deadline(TimestampTz deadline)
 }
 
 uint64
-od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
-         const char *const *endpoints, const int *quotas, const bool *takeover, int n_endpoints, int flags)
+od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const char *const *endpoints,
+         const int *quotas, const bool *takeover, int n_endpoints, int flags)
 {
-    static const Oid reap_types[2] = {INT4OID, INT4OID};
-    static const Oid claim_types[7] = {TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID,
-                                       BOOLARRAYOID};
-    const bool  check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
-    const int   which = check ? 0 : 1;
-    Datum       args[7];
-    char        nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
-    uint64      reaped = 0;
-    int         rc;
+    static const Oid reap_types[2] = { INT4OID, INT4OID };
+    static const Oid claim_types[7] = {
+        TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID
+    };
+    const bool     check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
+    const int      which = check ? 0 : 1;
+    Datum          args[7];
+    char           nulls[7] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
+    uint64         reaped = 0;
+    int            rc;
     SPITupleTable *claimed;
-    uint64      nclaimed;
-    TimestampTz earliest = -1;
+    uint64         nclaimed;
+    TimestampTz    earliest = -1;
 
     if (check)
     {
@@ -407,8 +403,8 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
     for (uint64 i = 0; i < nclaimed; i++)
     {
         bool        isnull;
-        TimestampTz until = DatumGetTimestampTz(SPI_getbinval(claimed->vals[i], claimed->tupdesc,
-                                                              OD_CLAIM_NATTS + 1, &isnull));
+        TimestampTz until =
+            DatumGetTimestampTz(SPI_getbinval(claimed->vals[i], claimed->tupdesc, OD_CLAIM_NATTS + 1, &isnull));
 
         if (!isnull && (earliest < 0 || until < earliest))
             earliest = until;
@@ -426,8 +422,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
         od_prepare_hot(&plan_next_deadline, SQL_NEXT_DEADLINE, 0, nullptr);
         rc = SPI_execute_plan(plan_next_deadline, nullptr, nullptr, true, 1);
         if (rc != SPI_OK_SELECT)
-            elog(ERROR, "outbox_dispatcher: reading the next lease deadline failed: %s",
-                 SPI_result_code_string(rc));
+            elog(ERROR, "outbox_dispatcher: reading the next lease deadline failed: %s", SPI_result_code_string(rc));
         if (SPI_processed == 1)
         {
             bool isnull;
@@ -447,7 +442,6 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
 
 /* ---------------------------------------------------------------- finalize */
 
-
 static int
 cmp_int64(const void *a, const void *b)
 {
@@ -460,15 +454,14 @@ cmp_int64(const void *a, const void *b)
 int
 od_finalize(OdFinalize *items, int n)
 {
-    static const Oid types[9] = {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,
-                                 TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, INTERVALOID,
-                                 TIMESTAMPTZARRAYOID};
-    Datum      *ids, *vers, *statuses, *delays, *errors, *https, *refunds, *untils;
-    bool       *err_nulls, *http_nulls, *until_nulls;
-    Datum       args[9];
-    int64      *applied_ids;
-    int         napplied;
-    int         rc;
+    static const Oid types[9] = { INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,   TEXTARRAYOID,
+                                  INT4ARRAYOID, BOOLARRAYOID, INTERVALOID,  TIMESTAMPTZARRAYOID };
+    Datum           *ids, *vers, *statuses, *delays, *errors, *https, *refunds, *untils;
+    bool            *err_nulls, *http_nulls, *until_nulls;
+    Datum            args[9];
+    int64           *applied_ids;
+    int              napplied;
+    int              rc;
 
     if (n <= 0)
         return 0;
@@ -493,14 +486,14 @@ od_finalize(OdFinalize *items, int n)
         ids[i] = Int64GetDatum(it->id);
         vers[i] = Int64GetDatum(it->lease_version);
         statuses[i] = CStringGetTextDatum(od::verdict_name(it->verdict));
-        delays[i] = od_us_to_interval((it->verdict == od::Verdict::Retry || it->verdict == od::Verdict::Defer)
-                                   ? it->delay_us : 0);
+        delays[i] = od_us_to_interval(
+            (it->verdict == od::Verdict::Retry || it->verdict == od::Verdict::Defer) ? it->delay_us : 0);
         err_nulls[i] = (it->error == nullptr);
         errors[i] = it->error ? CStringGetTextDatum(it->error) : (Datum) 0;
         http_nulls[i] = (it->http_status == 0);
         https[i] = Int32GetDatum(it->http_status);
-        refunds[i] = BoolGetDatum(it->verdict == od::Verdict::Defer ||
-                                  (it->verdict == od::Verdict::Retry && it->refund));
+        refunds[i] =
+            BoolGetDatum(it->verdict == od::Verdict::Defer || (it->verdict == od::Verdict::Retry && it->refund));
         untils[i] = TimestampTzGetDatum(it->lease_until);
         until_nulls[i] = (it->lease_until == 0);
     }
@@ -537,10 +530,11 @@ od_finalize(OdFinalize *items, int n)
         {
             if (od_shared)
                 pg_atomic_fetch_add_u64(&od_shared->lost_leases, 1);
-            ereport(LOG,
-                    (errmsg("outbox_dispatcher: lost lease on message %lld (lease_version %lld); result \"%s\" discarded",
-                            (long long) it->id, (long long) it->lease_version, od::verdict_name(it->verdict)),
-                     errdetail("Another claim took the message over, or it is no longer processing.")));
+            ereport(
+                LOG,
+                (errmsg("outbox_dispatcher: lost lease on message %lld (lease_version %lld); result \"%s\" discarded",
+                        (long long) it->id, (long long) it->lease_version, od::verdict_name(it->verdict)),
+                 errdetail("Another claim took the message over, or it is no longer processing.")));
         }
     }
     return napplied;
@@ -551,9 +545,9 @@ od_finalize(OdFinalize *items, int n)
 bool
 od_retry(int64 id)
 {
-    static const Oid types[1] = {INT8OID};
-    Datum       args[1] = {Int64GetDatum(id)};
-    int         rc;
+    static const Oid types[1] = { INT8OID };
+    Datum            args[1] = { Int64GetDatum(id) };
+    int              rc;
 
     od_prepare(&plan_retry, SQL_RETRY, 1, types);
     rc = SPI_execute_plan(plan_retry, args, nullptr, false, 0);
@@ -565,10 +559,10 @@ od_retry(int64 id)
 uint64
 od_retry_dead(const char *endpoint, const char *event_type)
 {
-    static const Oid types[2] = {TEXTOID, TEXTOID};
-    Datum       args[2];
-    char        nulls[2];
-    int         rc;
+    static const Oid types[2] = { TEXTOID, TEXTOID };
+    Datum            args[2];
+    char             nulls[2];
+    int              rc;
 
     args[0] = endpoint ? CStringGetTextDatum(endpoint) : (Datum) 0;
     nulls[0] = endpoint ? ' ' : 'n';
@@ -584,9 +578,9 @@ od_retry_dead(const char *endpoint, const char *event_type)
 bool
 od_skip(int64 id, const char *reason)
 {
-    static const Oid types[2] = {INT8OID, TEXTOID};
-    Datum       args[2] = {Int64GetDatum(id), CStringGetTextDatum(reason)};
-    int         rc;
+    static const Oid types[2] = { INT8OID, TEXTOID };
+    Datum            args[2] = { Int64GetDatum(id), CStringGetTextDatum(reason) };
+    int              rc;
 
     od_prepare(&plan_skip, SQL_SKIP, 2, types);
     rc = SPI_execute_plan(plan_skip, args, nullptr, false, 0);
@@ -598,10 +592,10 @@ od_skip(int64 id, const char *reason)
 uint64
 od_purge(int64 older_than_us, int limit)
 {
-    static const Oid types[2] = {INTERVALOID, INT4OID};
-    Datum       args[2] = {od_us_to_interval(older_than_us), Int32GetDatum(limit)};
-    char        nulls[2] = {' ', limit > 0 ? ' ' : 'n'};
-    int         rc;
+    static const Oid types[2] = { INTERVALOID, INT4OID };
+    Datum            args[2] = { od_us_to_interval(older_than_us), Int32GetDatum(limit) };
+    char             nulls[2] = { ' ', limit > 0 ? ' ' : 'n' };
+    int              rc;
 
     od_prepare_hot(&plan_purge, SQL_PURGE, 2, types);
     rc = SPI_execute_plan(plan_purge, args, nulls, false, 0);
@@ -613,11 +607,11 @@ od_purge(int64 older_than_us, int limit)
 uint64
 od_replay(int64 from_id, int64 to_id, const char *endpoint)
 {
-    static const Oid types[3] = {INT8OID, INT8OID, TEXTOID};
-    Datum       args[3] = {Int64GetDatum(from_id), Int64GetDatum(to_id),
-                           endpoint ? CStringGetTextDatum(endpoint) : (Datum) 0};
-    char        nulls[3] = {' ', ' ', endpoint ? ' ' : 'n'};
-    int         rc;
+    static const Oid types[3] = { INT8OID, INT8OID, TEXTOID };
+    Datum            args[3] = { Int64GetDatum(from_id), Int64GetDatum(to_id),
+                      endpoint ? CStringGetTextDatum(endpoint) : (Datum) 0 };
+    char             nulls[3] = { ' ', ' ', endpoint ? ' ' : 'n' };
+    int              rc;
 
     od_prepare(&plan_replay, SQL_REPLAY, 3, types);
     rc = SPI_execute_plan(plan_replay, args, nulls, false, 0);
@@ -629,9 +623,9 @@ od_replay(int64 from_id, int64 to_id, const char *endpoint)
 uint64
 od_move(const char *from_endpoint, const char *to_endpoint, Datum statuses)
 {
-    static const Oid types[3] = {TEXTOID, TEXTOID, TEXTARRAYOID};
-    Datum       args[3] = {CStringGetTextDatum(from_endpoint), CStringGetTextDatum(to_endpoint), statuses};
-    int         rc;
+    static const Oid types[3] = { TEXTOID, TEXTOID, TEXTARRAYOID };
+    Datum            args[3] = { CStringGetTextDatum(from_endpoint), CStringGetTextDatum(to_endpoint), statuses };
+    int              rc;
 
     od_prepare(&plan_move, SQL_MOVE, 3, types);
     rc = SPI_execute_plan(plan_move, args, nullptr, false, 0);
@@ -650,11 +644,10 @@ od_move(const char *from_endpoint, const char *to_endpoint, Datum statuses)
 int64
 od_enqueue(Datum *values, bool *nulls)
 {
-    static const Oid ins_types[8] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, BOOLOID,
-                                     TIMESTAMPTZOID, JSONBOID};
-    char        cnulls[8];
-    bool        isnull;
-    int         rc;
+    static const Oid ins_types[8] = { TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, BOOLOID, TIMESTAMPTZOID, JSONBOID };
+    char             cnulls[8];
+    bool             isnull;
+    int              rc;
     OdEndpointPresence presence;
 
     presence = od_endpoint_presence(values[4], nullptr);

@@ -21,13 +21,13 @@ typedef struct OdFinalize
 {
     int64       id;
     int64       lease_version;
-    TimestampTz lease_until;    /* the claim's lease deadline, part of the fence; 0 = not checked */
+    TimestampTz lease_until; /* the claim's lease deadline, part of the fence; 0 = not checked */
     od::Verdict verdict;
-    int64       delay_us;       /* Retry, Defer: delay before the next attempt */
-    bool        refund;         /* Retry: give the attempt back */
-    const char *error;          /* NULL for none; copied by od_finalize */
-    int         http_status;    /* 0 for none */
-    bool        applied;        /* out: false = lease lost (fenced) */
+    int64       delay_us;    /* Retry, Defer: delay before the next attempt */
+    bool        refund;      /* Retry: give the attempt back */
+    const char *error;       /* NULL for none; copied by od_finalize */
+    int         http_status; /* 0 for none */
+    bool        applied;     /* out: false = lease lost (fenced) */
 } OdFinalize;
 
 /* Prepare sql once into *slot (kept across transactions; the plan cache decides generic or custom). */
@@ -44,7 +44,7 @@ extern SPIPlanPtr od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const
 extern void od_fix_plan_shapes(void);
 
 /* od_claim flags */
-#define OD_CLAIM_CHECK_LEASES 0x01  /* reap and take over expired leases first */
+#define OD_CLAIM_CHECK_LEASES 0x01 /* reap and take over expired leases first */
 
 /*
  * With OD_CLAIM_CHECK_LEASES, reap exhausted expired leases and take over
@@ -56,9 +56,8 @@ extern void od_fix_plan_shapes(void);
  * are left in SPI_tuptable (SPI_processed of them).  Returns the number of
  * rows reaped to dead.
  */
-extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts,
-                       const char *const *endpoints, const int *quotas, const bool *takeover,
-                       int n_endpoints, int flags);
+extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const char *const *endpoints,
+                       const int *quotas, const bool *takeover, int n_endpoints, int flags);
 
 /*
  * Can a lease have expired by `now`?  Every claim lowers the shared check
@@ -66,14 +65,14 @@ extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_att
  * deadline left (at most 5 s ahead; core/lease_check.hpp).  Always true
  * without shared memory.
  */
-extern bool od_lease_check_due(TimestampTz now);
+extern bool   od_lease_check_due(TimestampTz now);
 
 /*
  * Apply n fenced finalizes in one statement.  Sets items[i].applied; lost
  * leases are counted in shared memory and logged once each.  Must be
  * connected to SPI.  Returns the number applied.
  */
-extern int od_finalize(OdFinalize *items, int n);
+extern int    od_finalize(OdFinalize *items, int n);
 
 extern bool   od_retry(int64 id);
 extern uint64 od_retry_dead(const char *endpoint, const char *event_type);

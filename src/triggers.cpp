@@ -66,8 +66,7 @@ row_trigger_data(FunctionCallInfo fcinfo, const char *fname)
 {
     TriggerData *trig = (TriggerData *) fcinfo->context;
 
-    if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trig->tg_event) ||
-        !TRIGGER_FIRED_FOR_ROW(trig->tg_event))
+    if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trig->tg_event) || !TRIGGER_FIRED_FOR_ROW(trig->tg_event))
         ereport(ERROR,
                 (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
                  errmsg("function \"%s\" must be fired BEFORE ROW", fname)));
@@ -106,8 +105,7 @@ reject_nulls(TriggerData *trig, HeapTuple tup)
     {
         Form_pg_attribute att = TupleDescAttr(desc, i);
 
-        if (att->attnotnull && !att->attisdropped && att->attgenerated == '\0' &&
-            heap_attisnull(tup, i + 1, desc))
+        if (att->attnotnull && !att->attisdropped && att->attgenerated == '\0' && heap_attisnull(tup, i + 1, desc))
             ereport(ERROR,
                     (errcode(ERRCODE_NOT_NULL_VIOLATION),
                      errmsg("null value in column \"%s\" of relation \"%s\" violates not-null constraint",
@@ -125,17 +123,14 @@ check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bo
     const char *problem;
 
     if (isnull)
-        return;                 /* NOT NULL constraints report this */
+        return; /* NOT NULL constraints report this */
     t = DatumGetTextPP(d);
     if (!allow_empty && VARSIZE_ANY_EXHDR(t) == 0)
-        ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("%s must not be empty", colname)));
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must not be empty", colname)));
     problem = od::check_header_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
     if (problem)
         ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("%s %s", colname, problem),
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s %s", colname, problem),
                  errdetail("It is sent in an HTTP header.")));
 }
 
@@ -147,17 +142,16 @@ check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bo
 static void
 check_headers_object(Jsonb *jb, const char *what)
 {
-    JsonbIterator *it;
-    JsonbValue  v;
+    JsonbIterator     *it;
+    JsonbValue         v;
     JsonbIteratorToken tok;
-    char       *name = nullptr;
-    int         count = 0;
-    int64       bytes = 0;
+    char              *name = nullptr;
+    int                count = 0;
+    int64              bytes = 0;
 
     if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
         ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("%s must be a JSON object of strings", what),
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must be a JSON object of strings", what),
                  errdetail("Example: {\"Authorization\": \"Bearer ...\"}.")));
 
     it = JsonbIteratorInit(&jb->root);
@@ -171,8 +165,7 @@ check_headers_object(Jsonb *jb, const char *what)
             bytes += v.val.string.len;
             if (count > od_max_headers)
                 ereport(ERROR,
-                        (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-                         errmsg("%s: too many headers", what),
+                        (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("%s: too many headers", what),
                          errdetail("outbox_dispatcher.max_headers is %d.", od_max_headers)));
             name = printable(v.val.string.val, v.val.string.len);
             problem = od::check_header_name(v.val.string.val, v.val.string.len);
@@ -189,8 +182,7 @@ check_headers_object(Jsonb *jb, const char *what)
         {
             if (v.type != jbvString)
                 ereport(ERROR,
-                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                         errmsg("%s must be a JSON object of strings", what),
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must be a JSON object of strings", what),
                          errdetail("The value of header \"%s\" is not a string.", name)));
             problem = od::check_header_value(v.val.string.val, v.val.string.len);
             if (problem)
@@ -199,11 +191,12 @@ check_headers_object(Jsonb *jb, const char *what)
                          errmsg("%s: value of header \"%s\" %s", what, name, problem)));
             bytes += v.val.string.len;
             if (bytes > od_max_header_bytes)
-                ereport(ERROR,
-                        (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-                         errmsg("%s are too large", what),
-                         errdetail("Header names and values add up to more than outbox_dispatcher.max_header_bytes (%d bytes).",
-                                   od_max_header_bytes)));
+                ereport(
+                    ERROR,
+                    (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("%s are too large", what),
+                     errdetail(
+                         "Header names and values add up to more than outbox_dispatcher.max_header_bytes (%d bytes).",
+                         od_max_header_bytes)));
         }
     }
 }
@@ -214,9 +207,9 @@ extern "C" Datum
 od_message_check(PG_FUNCTION_ARGS)
 {
     TriggerData *trig = row_trigger_data(fcinfo, "_message_check");
-    HeapTuple   tup = new_row(trig);
-    bool        isnull;
-    Datum       d;
+    HeapTuple    tup = new_row(trig);
+    bool         isnull;
+    Datum        d;
 
     reject_nulls(trig, tup);
 
@@ -231,14 +224,13 @@ od_message_check(PG_FUNCTION_ARGS)
     d = column(trig, tup, "payload", &isnull);
     if (!isnull)
     {
-        Jsonb  *jb = DatumGetJsonbP(d);
-        char   *body = JsonbToCString(nullptr, &jb->root, VARSIZE(jb));
-        size_t  len = strlen(body);
+        Jsonb *jb = DatumGetJsonbP(d);
+        char  *body = JsonbToCString(nullptr, &jb->root, VARSIZE(jb));
+        size_t len = strlen(body);
 
         if (len > (size_t) od_max_payload_bytes)
             ereport(ERROR,
-                    (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-                     errmsg("payload is too large: %zu bytes", len),
+                    (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("payload is too large: %zu bytes", len),
                      errdetail("outbox_dispatcher.max_payload_bytes is %d bytes.", od_max_payload_bytes)));
         pfree(body);
     }
@@ -259,17 +251,17 @@ od_message_check(PG_FUNCTION_ARGS)
             TimestampTz limit = GetCurrentTimestamp() + (int64) od_max_schedule_ahead_s * USECS_PER_SEC;
 
             if (TIMESTAMP_NOT_FINITE(at))
-                ereport(ERROR,
-                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                         errmsg("available_at must be a finite time"),
-                         errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(timestamptz_out, d)))));
+                ereport(
+                    ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("available_at must be a finite time"),
+                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(timestamptz_out, d)))));
             if (at > limit)
-                ereport(ERROR,
-                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                         errmsg("available_at is too far in the future"),
-                         errdetail("The value given is %s, more than outbox_dispatcher.max_schedule_ahead (%s) from now.",
-                                   DatumGetCString(DirectFunctionCall1(timestamptz_out, d)),
-                                   GetConfigOptionByName("outbox_dispatcher.max_schedule_ahead", nullptr, false))));
+                ereport(
+                    ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("available_at is too far in the future"),
+                     errdetail("The value given is %s, more than outbox_dispatcher.max_schedule_ahead (%s) from now.",
+                               DatumGetCString(DirectFunctionCall1(timestamptz_out, d)),
+                               GetConfigOptionByName("outbox_dispatcher.max_schedule_ahead", nullptr, false))));
         }
     }
     return PointerGetDatum(tup);
@@ -285,15 +277,14 @@ od_message_check(PG_FUNCTION_ARGS)
 static void
 check_ranges_before_030(TriggerData *trig, HeapTuple tup)
 {
-    bool        isnull;
-    Datum       d;
+    bool  isnull;
+    Datum d;
 
     /* max_in_flight */
     d = column(trig, tup, "max_in_flight", &isnull);
     if (!isnull && (DatumGetInt32(d) < 1 || DatumGetInt32(d) > 10000))
         ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                 errmsg("max_in_flight must be between 1 and 10000"),
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("max_in_flight must be between 1 and 10000"),
                  errdetail("The value given is %d.", DatumGetInt32(d))));
 
     /* defer_statuses */
@@ -306,9 +297,9 @@ check_ranges_before_030(TriggerData *trig, HeapTuple tup)
         int        n;
 
         if (ARR_NDIM(arr) > 1)
-            ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("defer_statuses must be a one-dimensional array")));
+            ereport(
+                ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("defer_statuses must be a one-dimensional array")));
         deconstruct_array(arr, INT4OID, 4, true, TYPALIGN_INT, &elems, &enulls, &n);
         for (int i = 0; i < n; i++)
         {
@@ -352,11 +343,11 @@ static Datum
 endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
 {
     TriggerData *trig = row_trigger_data(fcinfo, "_endpoint_check");
-    HeapTuple   tup = new_row(trig);
-    TupleDesc   desc = RelationGetDescr(trig->tg_relation);
-    bool        isnull;
-    Datum       d;
-    const char *problem;
+    HeapTuple    tup = new_row(trig);
+    TupleDesc    desc = RelationGetDescr(trig->tg_relation);
+    bool         isnull;
+    Datum        d;
+    const char  *problem;
 
     reject_nulls(trig, tup);
 
@@ -367,9 +358,7 @@ endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
         text *t = DatumGetTextPP(d);
 
         if (VARSIZE_ANY_EXHDR(t) == 0)
-            ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("endpoint name must not be empty")));
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("endpoint name must not be empty")));
         if (od::check_header_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)))
             ereport(ERROR,
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -391,8 +380,7 @@ endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
 
             od::redact_url(VARDATA_ANY(t), len, shown, len + 8);
             ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("endpoint URL %s", problem),
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("endpoint URL %s", problem),
                      errdetail("The URL given is \"%s\".", printable(shown, strlen(shown))),
                      errhint("Only http:// and https:// URLs are supported.")));
         }
@@ -411,10 +399,11 @@ endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
 
         problem = od::check_signing_secret(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
         if (problem)
-            ereport(ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                     errmsg("signing_secret %s", problem),
-                     errhint("Use a Standard Webhooks secret: \"whsec_\" followed by base64 of 16 to 256 random bytes (24 to 64 recommended).")));
+            ereport(
+                ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("signing_secret %s", problem),
+                 errhint(
+                     "Use a Standard Webhooks secret: \"whsec_\" followed by base64 of 16 to 256 random bytes (24 to 64 recommended).")));
     }
 
     /*
@@ -429,7 +418,7 @@ endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
         Datum old = column(trig, trig->tg_trigtuple, "timeout", &oldnull);
 
         if (!oldnull && od_interval_us(DatumGetIntervalP(old)) == od_interval_us(DatumGetIntervalP(d)))
-            isnull = true;      /* unchanged: skip the checks */
+            isnull = true; /* unchanged: skip the checks */
     }
     if (!isnull)
     {

@@ -49,8 +49,7 @@ wake_lowest_idle(int skip)
         Latch        *latch = w->latch;
         uint32        expected = 1;
 
-        if (k != skip && w->pid != 0 && latch != nullptr &&
-            pg_atomic_compare_exchange_u32(&w->idle, &expected, 0))
+        if (k != skip && w->pid != 0 && latch != nullptr && pg_atomic_compare_exchange_u32(&w->idle, &expected, 0))
         {
             SetLatch(latch);
             return true;

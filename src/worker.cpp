@@ -137,7 +137,7 @@ record_error(const char *msg)
     SpinLockRelease(&W.slot->mutex);
 }
 
-}  // namespace odw
+} // namespace odw
 
 static void
 od_worker_exit(int code, Datum arg)
@@ -192,14 +192,14 @@ end_tx(void)
     MemoryContextSwitchTo(W.cycle_ctx);
 }
 
-}  // namespace odw
+} // namespace odw
 
 /* ---------------------------------------------------------------- settings */
 
 static void
 apply_settings(void)
 {
-    od::DispatcherSettings s;   /* trivially safe: built and handed over without PG calls */
+    od::DispatcherSettings s; /* trivially safe: built and handed over without PG calls */
     char                   srcbuf[NAMEDATALEN + 64];
 
     if (od_source && od_source[0])
@@ -211,8 +211,7 @@ apply_settings(void)
         s.source = srcbuf;
     }
     catch (...)
-    {
-    }
+    {}
     s.max_attempts = od_max_attempts;
     s.backoff.base_ms = od_backoff_base_ms;
     s.backoff.cap_ms = od_backoff_cap_ms;
@@ -264,19 +263,20 @@ shutdown_worker(void)
 {
     TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 1000);
 
-    ereport(LOG, (errmsg("outbox_dispatcher worker %d: shutting down with %zu request(s) in flight",
-                         W.worker_index, W.disp->in_flight())));
+    ereport(LOG,
+            (errmsg("outbox_dispatcher worker %d: shutting down with %zu request(s) in flight", W.worker_index,
+                    W.disp->in_flight())));
     while (W.disp->in_flight() > 0 && GetCurrentTimestamp() < deadline)
     {
         wait_for_events(50);
         W.disp->collect(od_unix_seconds(GetCurrentTimestamp()));
     }
     W.disp->abandon(od_unix_seconds(GetCurrentTimestamp()),
-                  "worker stopped before delivery finished; released for another worker");
+                    "worker stopped before delivery finished; released for another worker");
     process_new_outcomes();
     if (W.ext_ready)
         do_finalize();
-    proc_exit(1);   /* non-zero: the postmaster restarts us unless it is shutting down */
+    proc_exit(1); /* non-zero: the postmaster restarts us unless it is shutting down */
 }
 
 /* ---------------------------------------------------------------- the loop's steps */
@@ -300,8 +300,9 @@ step_reload_endpoints(TimestampTz now)
     W.endpoints_generation = pg_atomic_read_u64(&od_shared->endpoints_generation);
     W.endpoints_stale = false;
     refresh_endpoints();
-    W.sched.next_refresh = now + od::refresh_period_us(W.ext_ready && od_schema_announces_endpoint_changes(W.schema),
-                                                       (int64) od_poll_interval_ms * 1000);
+    W.sched.next_refresh = now +
+        od::refresh_period_us(W.ext_ready && od_schema_announces_endpoint_changes(W.schema),
+                              (int64) od_poll_interval_ms * 1000);
 }
 
 /* Claim up to room rows (with the waiting results in the same transaction). */
@@ -314,7 +315,7 @@ step_claim(int room)
     n = do_claim(room, !W.disp->outcomes().empty());
     W.sched.last_claim_full = (n == room) || W.claim_quota_full;
     if (n > 0 && W.sched.last_claim_full)
-        od_wake_idle_peer(W.worker_index);    /* there may be more: share it */
+        od_wake_idle_peer(W.worker_index); /* there may be more: share it */
     W.sched.next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), od_poll_interval_ms);
 }
 
@@ -353,7 +354,7 @@ step_wait(void)
     else if (od_enabled)
         set_state(OD_STATE_IDLE);
     else if (W.ext_ready)
-        set_state(OD_STATE_PAUSED);     /* not "finalizing" while it sleeps after a finalize */
+        set_state(OD_STATE_PAUSED); /* not "finalizing" while it sleeps after a finalize */
     timeout = od::wait_ms(now, od::next_wakeup(observe(now)));
     /*
      * A signal whose latch wake was consumed by a wait inside PostgreSQL
@@ -370,7 +371,7 @@ step_wait(void)
     {
         if (W.stats_pending && W.disp->outcomes().empty())
         {
-            pgstat_report_stat(true);   /* going idle: what we changed is visible now */
+            pgstat_report_stat(true); /* going idle: what we changed is visible now */
             W.stats_pending = false;
         }
         pg_atomic_write_u32(&W.slot->idle, 1);
@@ -386,12 +387,12 @@ step_wait(void)
 extern "C" void
 od_worker_main(Datum arg)
 {
-    sigjmp_buf  local_sigjmp_buf;
+    sigjmp_buf local_sigjmp_buf;
 
     W.worker_index = DatumGetInt32(arg);
-    W.sched.woken = true;       /* look once at start */
+    W.sched.woken = true; /* look once at start */
     if (IsBinaryUpgrade)
-        proc_exit(0);           /* never registered then; step aside all the same */
+        proc_exit(0); /* never registered then; step aside all the same */
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
     pqsignal(SIGTERM, od_sigterm);
     BackgroundWorkerUnblockSignals();
@@ -433,8 +434,7 @@ od_worker_main(Datum arg)
     /* plans that statistics cannot degrade (transitions.cpp) */
     od_fix_plan_shapes();
 
-    W.lease_owner = MemoryContextStrdup(TopMemoryContext,
-                                      psprintf("worker-%d/pid-%d", W.worker_index, MyProcPid));
+    W.lease_owner = MemoryContextStrdup(TopMemoryContext, psprintf("worker-%d/pid-%d", W.worker_index, MyProcPid));
     W.cycle_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher cycle", ALLOCSET_DEFAULT_SIZES);
     W.endpoint_ctx = AllocSetContextCreate(TopMemoryContext, "outbox_dispatcher endpoints", ALLOCSET_SMALL_SIZES);
     W.n_holds = od_shared->max_endpoints;

@@ -51,7 +51,6 @@ extern "C" {
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
-
 }
 
 namespace odw {
@@ -63,7 +62,7 @@ namespace odw {
 typedef struct WorkerEndpoint
 {
     char            *name;
-    int64            id;            /* stable key of the shared state */
+    int64            id; /* stable key of the shared state */
     OdEndpointRef    ref;
     OdEndpointLimits lim;
 } WorkerEndpoint;
@@ -80,7 +79,7 @@ typedef struct SlotHold
     OdEndpointRef    ref;
     OdEndpointLimits lim;
     int              held;
-    int64            probe_id;      /* 0: none */
+    int64            probe_id; /* 0: none */
 } SlotHold;
 
 /* The reservation of a claim in progress, returned if its transaction fails. */
@@ -95,12 +94,12 @@ typedef struct PendingReservation
 /* The loop's own deadlines and reasons to claim (read by core/schedule.cpp). */
 typedef struct LoopSchedule
 {
-    TimestampTz next_poll;          /* the fallback poll */
-    TimestampTz next_refresh;       /* reload of the endpoints; 0 = at once */
-    TimestampTz next_purge;         /* worker 0's retention purge */
-    TimestampTz backoff_until;      /* after an error: no claim or finalize before */
-    bool        woken;              /* the latch was set since the last claim */
-    bool        last_claim_full;    /* the last claim took all it asked for */
+    TimestampTz next_poll;       /* the fallback poll */
+    TimestampTz next_refresh;    /* reload of the endpoints; 0 = at once */
+    TimestampTz next_purge;      /* worker 0's retention purge */
+    TimestampTz backoff_until;   /* after an error: no claim or finalize before */
+    bool        woken;           /* the latch was set since the last claim */
+    bool        last_claim_full; /* the last claim took all it asked for */
 } LoopSchedule;
 
 /*
@@ -111,54 +110,54 @@ typedef struct LoopSchedule
 typedef struct OdWorker
 {
     /* who we are */
-    int             worker_index;
-    OdWorkerSlot   *slot;               /* our slot in shared memory */
-    char           *lease_owner;        /* "worker-<n>/pid-<pid>", written into leases */
+    int                 worker_index;
+    OdWorkerSlot       *slot;        /* our slot in shared memory */
+    char               *lease_owner; /* "worker-<n>/pid-<pid>", written into leases */
 
     /* what we run on */
-    od::Dispatcher *disp;               /* the HTTP side: queues, requests in flight, outcomes */
-    MemoryContext   cycle_ctx;          /* reset at the top of every loop iteration */
-    WaitEventSet   *wait_set;           /* latch, postmaster death and the engine's sockets */
-    size_t          transfer_budget;    /* transfers at once (file descriptors); 0 = no cap */
+    od::Dispatcher     *disp;            /* the HTTP side: queues, requests in flight, outcomes */
+    MemoryContext       cycle_ctx;       /* reset at the top of every loop iteration */
+    WaitEventSet       *wait_set;        /* latch, postmaster death and the engine's sockets */
+    size_t              transfer_budget; /* transfers at once (file descriptors); 0 = no cap */
 
     /* the installed extension */
-    bool            ext_ready;          /* installed, a schema we serve, and we may use it */
-    uint32          ext_idle_logged;    /* hash of the idle state last logged (| 1); 0 = none */
-    int             schema;             /* the installed schema (catalog.h: OD_SCHEMA_*) */
-    char           *ext_idle_reason;    /* why the installed extension is not served */
-    char           *ext_idle_hint;
+    bool                ext_ready;       /* installed, a schema we serve, and we may use it */
+    uint32              ext_idle_logged; /* hash of the idle state last logged (| 1); 0 = none */
+    int                 schema;          /* the installed schema (catalog.h: OD_SCHEMA_*) */
+    char               *ext_idle_reason; /* why the installed extension is not served */
+    char               *ext_idle_hint;
 
     /* the endpoints we serve (enabled ones, reloaded on a committed change or every poll_interval) */
-    MemoryContext   endpoint_ctx;
-    WorkerEndpoint *wendpoints;
-    int             n_wendpoints;
-    int             pipeline_cap;       /* messages worth holding at once; 0 = batch_size */
-    bool            endpoints_stale;    /* a slot changed hands: refresh */
-    uint64          endpoints_generation; /* od_shared->endpoints_generation at the last reload */
+    MemoryContext       endpoint_ctx;
+    WorkerEndpoint     *wendpoints;
+    int                 n_wendpoints;
+    int                 pipeline_cap;         /* messages worth holding at once; 0 = batch_size */
+    bool                endpoints_stale;      /* a slot changed hands: refresh */
+    uint64              endpoints_generation; /* od_shared->endpoints_generation at the last reload */
 
     /* the ledger: places held in the shared endpoint slots */
-    SlotHold       *holds;              /* indexed by slot, n_holds = max_endpoints */
-    int             n_holds;
-    PendingReservation *pending;        /* the claim in progress (in cycle_ctx), n_pending entries */
-    int             n_pending;
-    int             claim_rotation;     /* which endpoint a claim asks first */
-    TimestampTz     next_quota_at;      /* a refused reservation may succeed then; 0 = none */
-    bool            places_released;    /* a request finished: a quota may have room again */
-    bool            claim_quota_full;   /* the last claim took every place its quotas allowed */
+    SlotHold           *holds; /* indexed by slot, n_holds = max_endpoints */
+    int                 n_holds;
+    PendingReservation *pending; /* the claim in progress (in cycle_ctx), n_pending entries */
+    int                 n_pending;
+    int                 claim_rotation;   /* which endpoint a claim asks first */
+    TimestampTz         next_quota_at;    /* a refused reservation may succeed then; 0 = none */
+    bool                places_released;  /* a request finished: a quota may have room again */
+    bool                claim_quota_full; /* the last claim took every place its quotas allowed */
 
     /* results waiting to be finalized */
-    TimestampTz     oldest_outcome_at;  /* 0 = not noted yet */
-    size_t          outcomes_seen;
-    bool            stats_pending;      /* committed since the last forced statistics flush */
+    TimestampTz         oldest_outcome_at; /* 0 = not noted yet */
+    size_t              outcomes_seen;
+    bool                stats_pending; /* committed since the last forced statistics flush */
 
-    LoopSchedule    sched;
+    LoopSchedule        sched;
 } OdWorker;
 
 typedef struct FinalizeBatch
 {
     OdFinalize  *items;
     int          n;
-    const char **gone;          /* endpoints that answered 410, by name and id */
+    const char **gone; /* endpoints that answered 410, by name and id */
     int64       *gone_id;
     int          n_gone;
 } FinalizeBatch;
@@ -166,40 +165,40 @@ typedef struct FinalizeBatch
 extern OdWorker W;
 
 /* ---------------------------------------------------------------- worker.cpp */
-void        set_state(OdWorkerState st);
-void        record_error(const char *msg);
-void        begin_tx(const char *activity);
-void        end_tx(void);
+void            set_state(OdWorkerState st);
+void            record_error(const char *msg);
+void            begin_tx(const char *activity);
+void            end_tx(void);
 
 /* ---------------------------------------------------------------- worker_endpoints.cpp */
 /* The extension's state and the endpoints we serve: reloaded now. */
-void        refresh_endpoints(void);
+void            refresh_endpoints(void);
 /* At most this worker's share of an endpoint's cluster-wide max_in_flight. */
-int         claim_share(const WorkerEndpoint *w);
+int             claim_share(const WorkerEndpoint *w);
 /* Messages worth holding at once. */
-int         pipeline_size(void);
+int             pipeline_size(void);
 /* Header lines: "Name: value\n..." text (od_header_lines_text) back into lines. */
-void        split_lines(const char *text, std::vector<std::string> &out) noexcept;
+void            split_lines(const char *text, std::vector<std::string> &out) noexcept;
 
 /* ---------------------------------------------------------------- worker_claim.cpp */
 /* Claim up to capacity rows (finalizing waiting results in the same transaction); returns how many. */
-int         do_claim(int capacity, bool with_finalize);
+int             do_claim(int capacity, bool with_finalize);
 /* Give back the places of a claim whose transaction failed. */
-void        release_pending_reservation(void);
+void            release_pending_reservation(void);
 
 /* ---------------------------------------------------------------- worker_finalize.cpp */
-void        process_new_outcomes(void);
-bool        finalize_prepare(FinalizeBatch *fb);
-void        finalize_run(FinalizeBatch *fb);
-void        finalize_done(FinalizeBatch *fb);
+void            process_new_outcomes(void);
+bool            finalize_prepare(FinalizeBatch *fb);
+void            finalize_run(FinalizeBatch *fb);
+void            finalize_done(FinalizeBatch *fb);
 /* Finalize fb in a transaction of its own. */
-void        finalize_alone(FinalizeBatch *fb);
-void        do_finalize(void);
+void            finalize_alone(FinalizeBatch *fb);
+void            do_finalize(void);
 
 /* ---------------------------------------------------------------- worker_wait.cpp */
 /* Wait up to timeout_ms for sockets or the latch; returns true if the latch was set. */
-bool        wait_for_events(long timeout_ms);
+bool            wait_for_events(long timeout_ms);
 
-}  // namespace odw
+} // namespace odw
 
 #endif

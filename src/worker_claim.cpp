@@ -27,12 +27,12 @@ release_pending_reservation(void)
 static const char *
 message_headers_problem(Datum d)
 {
-    Jsonb          *jb = DatumGetJsonbP(d);
-    JsonbIterator  *it;
-    JsonbValue      v;
+    Jsonb             *jb = DatumGetJsonbP(d);
+    JsonbIterator     *it;
+    JsonbValue         v;
     JsonbIteratorToken tok;
-    int64           bytes = 0;
-    int             count = 0;
+    int64              bytes = 0;
+    int                count = 0;
 
     if (!JB_ROOT_IS_OBJECT(jb))
         return nullptr;
@@ -48,8 +48,8 @@ message_headers_problem(Datum d)
             bytes += v.val.string.len;
     }
     if (count > od_max_headers)
-        return psprintf("not sent: the message has %d headers; outbox_dispatcher.max_headers is %d",
-                        count, od_max_headers);
+        return psprintf("not sent: the message has %d headers; outbox_dispatcher.max_headers is %d", count,
+                        od_max_headers);
     if (bytes > od_max_header_bytes)
         return psprintf("not sent: the message's headers have %lld bytes; outbox_dispatcher.max_header_bytes is %d",
                         (long long) bytes, od_max_header_bytes);
@@ -68,7 +68,7 @@ typedef struct ClaimRow
     char       *event_type;
     char       *payload;
     char       *headers;
-    const char *reject;         /* not sendable (limits): made dead in the claim transaction */
+    const char *reject; /* not sendable (limits): made dead in the claim transaction */
     int64       created_at_us;
     int         endpoint_slot;
 } ClaimRow;
@@ -114,24 +114,24 @@ queue_claimed(const ClaimRow *r) noexcept
 int
 do_claim(int capacity, bool with_finalize)
 {
-    ClaimRow    *rows;
-    int          n;
-    uint64       reaped;
-    bool         unknown_endpoint = false;
-    const char **names;
-    int         *quotas;
-    bool        *takeover;
-    int         *got;
-    int         *quota_of;
-    int         *slot_of_quota;
-    int          m = W.n_wendpoints;
-    int          n_rejected = 0;
-    bool         check_leases;
-    bool         any_quota = false;
-    TimestampTz  now;
+    ClaimRow     *rows;
+    int           n;
+    uint64        reaped;
+    bool          unknown_endpoint = false;
+    const char  **names;
+    int          *quotas;
+    bool         *takeover;
+    int          *got;
+    int          *quota_of;
+    int          *slot_of_quota;
+    int           m = W.n_wendpoints;
+    int           n_rejected = 0;
+    bool          check_leases;
+    bool          any_quota = false;
+    TimestampTz   now;
     FinalizeBatch fb;
     /* before reserving: the results release their places first */
-    bool         fin = with_finalize && finalize_prepare(&fb);
+    bool          fin = with_finalize && finalize_prepare(&fb);
 
     now = GetCurrentTimestamp();
     names = (const char **) MemoryContextAllocZero(W.cycle_ctx, sizeof(char *) * (m + 1));
@@ -173,7 +173,7 @@ do_claim(int capacity, bool with_finalize)
     {
         if (fin)
             finalize_alone(&fb);
-        return 0;               /* no enabled endpoint */
+        return 0; /* no enabled endpoint */
     }
     /* expired leases are looked for only once one can have expired (od_lease_check_due) */
     check_leases = od_lease_check_due(now);
@@ -194,8 +194,7 @@ do_claim(int capacity, bool with_finalize)
     begin_tx(fin ? "finalizing deliveries and claiming messages" : "claiming messages");
     if (fin)
         finalize_run(&fb);
-    reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas,
-                      takeover, m,
+    reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, takeover, m,
                       (check_leases ? OD_CLAIM_CHECK_LEASES : 0));
     n = (int) SPI_processed;
     rows = (ClaimRow *) MemoryContextAllocZero(W.cycle_ctx, sizeof(ClaimRow) * (n + 1));
@@ -270,7 +269,7 @@ do_claim(int capacity, bool with_finalize)
         if (got[k] < q)
             od_endpoint_unreserve(ref, q - got[k], W.pending[k].probe && got[k] == 0);
         else if (got[k] > q)
-            counted = od_endpoint_hold(ref, got[k] - q);    /* expired leases taken over */
+            counted = od_endpoint_hold(ref, got[k] - q); /* expired leases taken over */
         if (!counted)
         {
             /* the slot changed hands meanwhile: these messages go out without shared accounting */
@@ -309,7 +308,7 @@ do_claim(int capacity, bool with_finalize)
     for (int i = 0; i < n && !unknown_endpoint; i++)
         unknown_endpoint = !rows[i].reject && !W.disp->has_endpoint(rows[i].endpoint);
     if (unknown_endpoint)
-        refresh_endpoints();    /* an endpoint created since the last refresh */
+        refresh_endpoints(); /* an endpoint created since the last refresh */
     for (int i = 0; i < n; i++)
     {
         if (rows[i].reject)
@@ -335,4 +334,4 @@ do_claim(int capacity, bool with_finalize)
     return n;
 }
 
-}  // namespace odw
+} // namespace odw

@@ -26,8 +26,7 @@ split_lines(const char *text, std::vector<std::string> &out) noexcept
         }
     }
     catch (...)
-    {
-    }
+    {}
 }
 
 /* ---------------------------------------------------------------- endpoints */
@@ -55,8 +54,7 @@ load_endpoint(const OdEndpointRow *r) noexcept
         W.disp->add_endpoint(e);
     }
     catch (...)
-    {
-    }
+    {}
 }
 
 /* Is the installed extension one this library can serve?  Sets ext_ready and schema. */
@@ -83,26 +81,29 @@ check_extension(void)
     if (GetDatabaseEncoding() != PG_UTF8)
     {
         W.ext_idle_reason = psprintf("database \"%s\" has encoding %s; outbox_dispatcher needs UTF8 "
-                                   "(JSON bodies and signed headers go out as UTF-8)",
-                                   od_database, GetDatabaseEncodingName());
+                                     "(JSON bodies and signed headers go out as UTF-8)",
+                                     od_database, GetDatabaseEncodingName());
         W.ext_idle_hint = pstrdup("Install the extension in a UTF8 database.");
     }
     else if (!od_schema_served(W.schema))
     {
-        W.ext_idle_reason = psprintf("extension version \"%s\" is not served by this library (%s)",
-                                   version, OD_LIBRARY_VERSION);
+        W.ext_idle_reason =
+            psprintf("extension version \"%s\" is not served by this library (%s)", version, OD_LIBRARY_VERSION);
         W.ext_idle_hint = W.schema != 0 && W.schema < OD_SCHEMA_PREVIOUS
-            ? pstrdup("Run ALTER EXTENSION outbox_dispatcher UPDATE; the workers start delivering within poll_interval.")
-            : pstrdup("Install the library that matches the extension version, or run ALTER EXTENSION outbox_dispatcher UPDATE.");
+            ? pstrdup(
+                  "Run ALTER EXTENSION outbox_dispatcher UPDATE; the workers start delivering within poll_interval.")
+            : pstrdup(
+                  "Install the library that matches the extension version, or run ALTER EXTENSION outbox_dispatcher UPDATE.");
     }
     else if (!superuser() && (!OidIsValid(admin) || !has_privs_of_role(GetUserId(), admin)))
     {
         /* say it once, instead of a permission error every second */
         const char *me = GetUserNameFromId(GetUserId(), false);
 
-        W.ext_idle_reason = psprintf("role \"%s\" (outbox_dispatcher.role) does not have the privileges of outbox_admin", me);
+        W.ext_idle_reason =
+            psprintf("role \"%s\" (outbox_dispatcher.role) does not have the privileges of outbox_admin", me);
         W.ext_idle_hint = psprintf("Run GRANT outbox_admin TO %s; the workers start delivering within poll_interval.",
-                                 quote_identifier(me));
+                                   quote_identifier(me));
     }
     else
         W.ext_ready = true;
@@ -136,9 +137,10 @@ refresh_endpoints(void)
                         (errmsg("outbox_dispatcher: not delivering: %s", W.ext_idle_reason),
                          errhint("%s", W.ext_idle_hint)));
             else
-                ereport(LOG,
-                        (errmsg("outbox_dispatcher: extension is not installed in database \"%s\"; waiting", od_database),
-                         errhint("Run CREATE EXTENSION outbox_dispatcher in that database.")));
+                ereport(
+                    LOG,
+                    (errmsg("outbox_dispatcher: extension is not installed in database \"%s\"; waiting", od_database),
+                     errhint("Run CREATE EXTENSION outbox_dispatcher in that database.")));
         }
         W.ext_idle_logged = said;
         return;
@@ -151,10 +153,10 @@ refresh_endpoints(void)
 
     /* the shared-state slots and limits of the endpoints we serve */
     {
-        int64      *keep = (int64 *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int64) * (nrows + 1));
-        int         unserved = 0;
+        int64         *keep = (int64 *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int64) * (nrows + 1));
+        int            unserved = 0;
         StringInfoData names;
-        uint32      before;
+        uint32         before;
 
         initStringInfo(&names);
         for (int i = 0; i < nrows; i++)
@@ -193,11 +195,13 @@ refresh_endpoints(void)
         /* say so once per change, cluster-wide: the worker that changes the count logs it */
         before = pg_atomic_exchange_u32(&od_shared->endpoints_unserved, (uint32) unserved);
         if (unserved > 0 && before != (uint32) unserved)
-            ereport(WARNING,
-                    (errmsg("outbox_dispatcher: %d enabled endpoint(s) cannot be served: all %d endpoint slots are in use",
-                            unserved, od_shared->max_endpoints),
-                     errdetail("Not served: %s%s.", names.data, unserved > 5 ? ", ..." : ""),
-                     errhint("Raise outbox_dispatcher.max_endpoints (needs a restart), or disable endpoints that are not needed.")));
+            ereport(
+                WARNING,
+                (errmsg("outbox_dispatcher: %d enabled endpoint(s) cannot be served: all %d endpoint slots are in use",
+                        unserved, od_shared->max_endpoints),
+                 errdetail("Not served: %s%s.", names.data, unserved > 5 ? ", ..." : ""),
+                 errhint(
+                     "Raise outbox_dispatcher.max_endpoints (needs a restart), or disable endpoints that are not needed.")));
         else if (unserved == 0 && before > 0)
             ereport(LOG, (errmsg("outbox_dispatcher: every enabled endpoint is served again")));
     }
@@ -233,4 +237,4 @@ pipeline_size(void)
     return (W.pipeline_cap > 0 && W.pipeline_cap < od_batch_size) ? W.pipeline_cap : od_batch_size;
 }
 
-}  // namespace odw
+} // namespace odw

@@ -29,14 +29,14 @@ void
 process_new_outcomes(void)
 {
     std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
-    TimestampTz now = GetCurrentTimestamp();
+    TimestampTz                       now = GetCurrentTimestamp();
 
     for (; W.outcomes_seen < outs.size(); W.outcomes_seen++)
     {
         const od::DeliveryOutcome &o = outs[W.outcomes_seen];
-        int         s = o.endpoint_tag;
-        bool        probe;
-        SlotHold   *h;
+        int                        s = o.endpoint_tag;
+        bool                       probe;
+        SlotHold                  *h;
 
         if (s < 0 || s >= W.n_holds)
             continue;
@@ -90,7 +90,7 @@ bool
 finalize_prepare(FinalizeBatch *fb)
 {
     std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
-    int          n = (int) outs.size();
+    int                               n = (int) outs.size();
 
     memset(fb, 0, sizeof(*fb));
     if (n == 0)
@@ -103,7 +103,7 @@ finalize_prepare(FinalizeBatch *fb)
     for (int i = 0; i < n; i++)
     {
         const od::DeliveryOutcome &o = outs[i];
-        OdFinalize *it = &fb->items[i];
+        OdFinalize                *it = &fb->items[i];
 
         it->id = o.id;
         it->lease_version = o.lease_version;
@@ -150,7 +150,8 @@ finalize_run(FinalizeBatch *fb)
         if (od_set_endpoint_enabled(fb->gone_id[i], false, "HTTP 410 Gone received by the dispatcher"))
             ereport(LOG,
                     (errmsg("outbox_dispatcher: endpoint \"%s\" answered 410 Gone and was disabled", fb->gone[i]),
-                     errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint(%s).", quote_literal_cstr(fb->gone[i]))));
+                     errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint(%s).",
+                             quote_literal_cstr(fb->gone[i]))));
     }
 }
 
@@ -172,10 +173,18 @@ finalize_done(FinalizeBatch *fb)
         }
         switch (it->verdict)
         {
-            case od::Verdict::Done: pg_atomic_fetch_add_u64(&W.slot->delivered, 1); break;
-            case od::Verdict::Retry: pg_atomic_fetch_add_u64(&W.slot->retried, 1); break;
-            case od::Verdict::Defer: pg_atomic_fetch_add_u64(&W.slot->deferred, 1); break;
-            case od::Verdict::Dead: pg_atomic_fetch_add_u64(&W.slot->dead, 1); break;
+            case od::Verdict::Done:
+                pg_atomic_fetch_add_u64(&W.slot->delivered, 1);
+                break;
+            case od::Verdict::Retry:
+                pg_atomic_fetch_add_u64(&W.slot->retried, 1);
+                break;
+            case od::Verdict::Defer:
+                pg_atomic_fetch_add_u64(&W.slot->deferred, 1);
+                break;
+            case od::Verdict::Dead:
+                pg_atomic_fetch_add_u64(&W.slot->dead, 1);
+                break;
         }
         if (it->verdict != od::Verdict::Done && it->error)
             record_error(it->error);
@@ -195,4 +204,4 @@ do_finalize(void)
         finalize_alone(&fb);
 }
 
-}  // namespace odw
+} // namespace odw

@@ -14,8 +14,8 @@ rebuild_wait_set(void)
 {
     const std::vector<od::HttpSocket> &socks = W.disp->engine().sockets();
 
-    WaitEventSet *old = W.wait_set;
-    WaitEventSet *set;
+    WaitEventSet                      *old = W.wait_set;
+    WaitEventSet                      *set;
 
     /*
      * Build the new set completely before letting go of the old one: an
@@ -53,7 +53,7 @@ wait_for_events(long timeout_ms)
     if (curl_ms >= 0 && (timeout_ms < 0 || curl_ms < timeout_ms))
         timeout_ms = curl_ms;
     if (W.disp->engine().completed() > 0)
-        timeout_ms = 0;     /* transfers finished while being kicked: do not sleep on them */
+        timeout_ms = 0; /* transfers finished while being kicked: do not sleep on them */
     if (W.disp->engine().sockets_changed() || W.wait_set == nullptr)
         rebuild_wait_set();
 
@@ -68,11 +68,11 @@ wait_for_events(long timeout_ms)
         }
         else if (events[i].events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
             W.disp->engine().on_socket(events[i].fd, (events[i].events & WL_SOCKET_READABLE) != 0,
-                                     (events[i].events & WL_SOCKET_WRITEABLE) != 0);
+                                       (events[i].events & WL_SOCKET_WRITEABLE) != 0);
     }
     if (W.disp->engine().timeout_ms() == 0)
         W.disp->engine().on_timeout();
     return woken;
 }
 
-}  // namespace odw
+} // namespace odw

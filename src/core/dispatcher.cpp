@@ -50,7 +50,9 @@ bool Dispatcher::below_max_transfers() const noexcept {
     return settings_.max_transfers == 0 || engine_.in_flight() < settings_.max_transfers;
 }
 
-void Dispatcher::begin_endpoints() noexcept { seen_.clear(); }
+void Dispatcher::begin_endpoints() noexcept {
+    seen_.clear();
+}
 
 bool Dispatcher::add_endpoint(const EndpointConfig &e) noexcept {
     try {
@@ -131,16 +133,20 @@ void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
     bool oom = false;
     try {
         header_buf_.clear();
-        MessageHead head{m.id, m.attempts, m.event_type.c_str(), m.aggregate_type.c_str(),
-                         m.aggregate_id.c_str(), m.created_at_unix_us};
+        MessageHead head{m.id,
+                         m.attempts,
+                         m.event_type.c_str(),
+                         m.aggregate_type.c_str(),
+                         m.aggregate_id.c_str(),
+                         m.created_at_unix_us};
         built = build_request_headers(head, settings_.source, ep.cfg.header_lines, m.header_lines,
-                                      ep.cfg.key.empty() ? nullptr : ep.cfg.key.data(), ep.cfg.key.size(),
-                                      now_unix_s, m.body.data(), m.body.size(), header_buf_);
+                                      ep.cfg.key.empty() ? nullptr : ep.cfg.key.data(), ep.cfg.key.size(), now_unix_s,
+                                      m.body.data(), m.body.size(), header_buf_);
         if (built) {
             uint64_t tag = next_tag_++;
             sent_.emplace(tag, Sent{m.id, m.lease_version, m.lease_until_us, m.attempts, ep.cfg.name, m.endpoint_tag});
-            started = engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_,
-                                     ep.cfg.timeout_ms);
+            started =
+                engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_, ep.cfg.timeout_ms);
             if (started)
                 ep.in_flight++;
             else
@@ -202,7 +208,8 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
         OutcomePolicy pol{};
         if (ep != endpoints_.end()) {
             ep->second.in_flight--;
-            pol.defer_statuses = ep->second.cfg.defer_statuses.empty() ? &kNoDefer : ep->second.cfg.defer_statuses.data();
+            pol.defer_statuses =
+                ep->second.cfg.defer_statuses.empty() ? &kNoDefer : ep->second.cfg.defer_statuses.data();
             pol.n_defer_statuses = ep->second.cfg.defer_statuses.size();
         } else {
             pol.defer_statuses = &kNoDefer;
@@ -268,14 +275,16 @@ void Dispatcher::push_release(int64_t id, int64_t lease_version, int64_t lease_u
 void Dispatcher::abandon(int64_t now_unix_s, const char *why) noexcept {
     collect(now_unix_s);
     engine_.abort_all();
-    for (const auto &kv : sent_) push_release(kv.second.id, kv.second.lease_version, kv.second.lease_until_us, kv.second.endpoint_tag, why);
+    for (const auto &kv : sent_)
+        push_release(kv.second.id, kv.second.lease_version, kv.second.lease_until_us, kv.second.endpoint_tag, why);
     sent_.clear();
     for (auto &kv : endpoints_) {
-        for (const ClaimedMessage &m : kv.second.queue) push_release(m.id, m.lease_version, m.lease_until_us, m.endpoint_tag, why);
+        for (const ClaimedMessage &m : kv.second.queue)
+            push_release(m.id, m.lease_version, m.lease_until_us, m.endpoint_tag, why);
         kv.second.queue.clear();
         kv.second.in_flight = 0;
     }
     queued_ = 0;
 }
 
-}  // namespace od
+} // namespace od

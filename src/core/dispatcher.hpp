@@ -37,8 +37,8 @@ namespace od {
 struct EndpointConfig {
     std::string name;
     std::string url;
-    std::vector<std::string> header_lines;  /* "Name: value" */
-    std::vector<unsigned char> key;         /* decoded signing secret; empty = unsigned */
+    std::vector<std::string> header_lines; /* "Name: value" */
+    std::vector<unsigned char> key;        /* decoded signing secret; empty = unsigned */
     long timeout_ms = 10000;
     std::vector<int> defer_statuses;
 };
@@ -46,39 +46,39 @@ struct EndpointConfig {
 struct ClaimedMessage {
     int64_t id = 0;
     int64_t lease_version = 0;
-    int64_t lease_until_us = 0;             /* the claim's lease deadline: part of the fence, copied to the outcome */
+    int64_t lease_until_us = 0; /* the claim's lease deadline: part of the fence, copied to the outcome */
     int attempts = 0;
     std::string endpoint;
     std::string event_type;
     std::string aggregate_type;
     std::string aggregate_id;
-    std::string body;                       /* payload JSON text, sent as is */
-    std::vector<std::string> header_lines;  /* the message's extra headers */
+    std::string body;                      /* payload JSON text, sent as is */
+    std::vector<std::string> header_lines; /* the message's extra headers */
     int64_t created_at_unix_us = 0;
-    int endpoint_tag = -1;                  /* caller's tag, copied to the outcome */
+    int endpoint_tag = -1; /* caller's tag, copied to the outcome */
 };
 
 struct DeliveryOutcome {
     int64_t id;
     int64_t lease_version;
-    int64_t lease_until_us;                 /* the message's lease_until_us */
+    int64_t lease_until_us; /* the message's lease_until_us */
     Verdict verdict;
     int64_t delay_ms;
-    bool refund;                            /* Retry: give the attempt back */
+    bool refund; /* Retry: give the attempt back */
     /*
      * Retry (refunded) because this process ran out of descriptors or
      * memory, or could not start the transfer: not the endpoint's doing, so
      * no breaker or endpoint statistics.  latency_ms is then < 0 as well.
      */
     bool local_failure;
-    int endpoint_tag;                       /* the message's endpoint_tag */
-    int http_status;                        /* 0 = none */
-    double latency_ms;                      /* < 0: not sent, or a local failure */
+    int endpoint_tag;  /* the message's endpoint_tag */
+    int http_status;   /* 0 = none */
+    double latency_ms; /* < 0: not sent, or a local failure */
     char error[kOutcomeErrorSize];
 };
 
 struct DispatcherSettings {
-    std::string source;                     /* CloudEvents source */
+    std::string source; /* CloudEvents source */
     int max_attempts = 12;
     BackoffPolicy backoff{1000, 300000};
     int64_t defer_delay_ms = 30000;
@@ -99,7 +99,7 @@ struct DispatcherSettings {
 };
 
 class Dispatcher {
-public:
+  public:
     bool init(const HttpEngineOptions &opts, uint64_t seed) noexcept;
     const char *last_error() const noexcept { return engine_.last_error(); }
 
@@ -141,7 +141,7 @@ public:
      */
     void abandon(int64_t now_unix_s, const char *why) noexcept;
 
-private:
+  private:
     struct EndpointState {
         EndpointConfig cfg;
         int in_flight = 0;
@@ -166,17 +166,17 @@ private:
     HttpEngine engine_;
     DispatcherSettings settings_;
     std::unordered_map<std::string, EndpointState> endpoints_;
-    std::unordered_map<std::string, bool> seen_;  /* during begin/end_endpoints */
-    std::unordered_map<uint64_t, Sent> sent_;     /* tag -> message */
+    std::unordered_map<std::string, bool> seen_; /* during begin/end_endpoints */
+    std::unordered_map<uint64_t, Sent> sent_;    /* tag -> message */
     std::vector<DeliveryOutcome> outcomes_;
     std::vector<HttpCompletion> completions_;
     std::vector<std::string> header_buf_;
-    std::vector<EndpointState *> ready_;          /* pump(): endpoints with work and room */
-    std::size_t next_first_ = 0;                  /* pump(): which of them goes first */
-    long pool_size_ = 256;                        /* HttpEngineOptions::max_connections */
+    std::vector<EndpointState *> ready_; /* pump(): endpoints with work and room */
+    std::size_t next_first_ = 0;         /* pump(): which of them goes first */
+    long pool_size_ = 256;               /* HttpEngineOptions::max_connections */
     std::mt19937_64 rng_;
     uint64_t next_tag_ = 1;
     std::size_t queued_ = 0;
 };
 
-}  // namespace od
+} // namespace od

@@ -6,7 +6,7 @@
 namespace od {
 
 uint64_t latency_us(double ms) noexcept {
-    if (!(ms > 0)) return 0;                      // negative, zero or NaN
+    if (!(ms > 0)) return 0; // negative, zero or NaN
     double us = ms * 1000.0;
     if (us >= 9.2e18) return UINT64_C(9200000000000000000);
     return static_cast<uint64_t>(us);
@@ -29,4 +29,4 @@ double latency_percentile_ms(const uint64_t *buckets, uint64_t total, double q) 
     return static_cast<double>(UINT64_C(1) << (kLatencyBuckets - 1)) / 1000.0;
 }
 
-}  // namespace od
+} // namespace od

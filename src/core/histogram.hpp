@@ -28,4 +28,4 @@ int latency_bucket(uint64_t us) noexcept;
  */
 double latency_percentile_ms(const uint64_t *buckets, uint64_t total, double q) noexcept;
 
-}  // namespace od
+} // namespace od

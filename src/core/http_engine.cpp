@@ -141,7 +141,9 @@ extern "C" size_t od_curl_header_cb(char *ptr, size_t size, size_t nitems, void 
     return n;
 }
 
-inline bool errno_is_local(long e) { return e == EMFILE || e == ENFILE || e == ENOMEM || e == ENOBUFS; }
+inline bool errno_is_local(long e) {
+    return e == EMFILE || e == ENFILE || e == ENOMEM || e == ENOBUFS;
+}
 
 /*
  * libcurl's own socket() call plus two things: the errno of a failure is
@@ -162,7 +164,7 @@ extern "C" curl_socket_t od_curl_opensocket_cb(void *clientp, curlsocktype, stru
     return static_cast<curl_socket_t>(fd);
 }
 
-}  // namespace
+} // namespace
 
 HttpEngine::~HttpEngine() {
     abort_all();
@@ -352,11 +354,10 @@ int HttpEngine::socket_cb(int fd, int what) noexcept {
 
 namespace {
 int64_t steady_us() noexcept {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
-}  // namespace
+} // namespace
 
 int HttpEngine::timer_cb(long timeout_ms) noexcept {
     deadline_us_ = timeout_ms < 0 ? -1 : steady_us() + static_cast<int64_t>(timeout_ms) * 1000;
@@ -458,4 +459,4 @@ void HttpEngine::set_max_connections(long n) noexcept {
     if (multi_) curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, n);
 }
 
-}  // namespace od
+} // namespace od

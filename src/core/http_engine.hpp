@@ -32,7 +32,6 @@
 #include <unordered_map>
 #include <vector>
 
-
 namespace od {
 
 /* Bytes of the response body kept for last_error. */
@@ -41,15 +40,15 @@ constexpr std::size_t kBodyCap = 1024;
 constexpr std::size_t kBodyAbort = 64 * 1024;
 
 struct HttpCompletion {
-    uint64_t tag;                  /* the caller's tag given to submit() */
-    int curl_code;                 /* CURLcode; 0 = an HTTP response was received */
-    long status;                   /* HTTP status, 0 if none */
-    char error[256];               /* curl's error text for transport errors */
-    char retry_after[64];          /* Retry-After header value, "" if none */
+    uint64_t tag;         /* the caller's tag given to submit() */
+    int curl_code;        /* CURLcode; 0 = an HTTP response was received */
+    long status;          /* HTTP status, 0 if none */
+    char error[256];      /* curl's error text for transport errors */
+    char retry_after[64]; /* Retry-After header value, "" if none */
     std::size_t retry_after_len;
-    char body[kBodyCap];           /* first bytes of the response body */
+    char body[kBodyCap]; /* first bytes of the response body */
     std::size_t body_len;
-    double total_ms;               /* request duration */
+    double total_ms; /* request duration */
     /*
      * The transfer failed because this process ran out of something (file
      * descriptors, memory, socket buffers), not because of the endpoint:
@@ -58,7 +57,7 @@ struct HttpCompletion {
      * curl_code.
      */
     bool local_failure;
-    int os_errno;                  /* errno of the failing socket call, 0 if none */
+    int os_errno; /* errno of the failing socket call, 0 if none */
 };
 
 struct HttpSocket {
@@ -68,13 +67,13 @@ struct HttpSocket {
 };
 
 struct HttpEngineOptions {
-    const char *ca_file = nullptr;  /* nullptr: the system CA store */
-    long max_connections = 256;     /* size of the keep-alive pool */
-    const char *user_agent = "outbox_dispatcher";  /* User-Agent header (copied) */
+    const char *ca_file = nullptr;                /* nullptr: the system CA store */
+    long max_connections = 256;                   /* size of the keep-alive pool */
+    const char *user_agent = "outbox_dispatcher"; /* User-Agent header (copied) */
 };
 
 class HttpEngine {
-public:
+  public:
     HttpEngine() = default;
     ~HttpEngine();
     HttpEngine(const HttpEngine &) = delete;
@@ -124,25 +123,25 @@ public:
     int socket_cb(int fd, int what) noexcept;
     int timer_cb(long timeout_ms) noexcept;
 
-    struct Transfer;  /* one easy handle and its buffers (defined in the .cpp) */
+    struct Transfer; /* one easy handle and its buffers (defined in the .cpp) */
 
-private:
+  private:
     void collect() noexcept;
     void release(Transfer *t) noexcept;
     void destroy(Transfer *t) noexcept;
 
-    void *multi_ = nullptr;           /* CURLM * */
+    void *multi_ = nullptr; /* CURLM * */
     std::string ca_file_;
     std::string user_agent_ = "outbox_dispatcher";
     std::string last_error_;
-    std::unordered_map<void *, Transfer *> running_;   /* CURL * -> transfer */
-    std::vector<Transfer *> idle_;             /* reusable easy handles */
+    std::unordered_map<void *, Transfer *> running_; /* CURL * -> transfer */
+    std::vector<Transfer *> idle_;                   /* reusable easy handles */
     std::vector<HttpCompletion> done_;
     std::unordered_map<int, int> socket_what_; /* fd -> CURL_POLL_* */
     std::vector<HttpSocket> socket_list_;
     bool sockets_dirty_ = true;
-    int64_t deadline_us_ = -1;                 /* steady clock; -1 = none */
+    int64_t deadline_us_ = -1; /* steady clock; -1 = none */
     int still_running_ = 0;
 };
 
-}  // namespace od
+} // namespace od

@@ -23,4 +23,4 @@ int64_t next_lease_check(int64_t now, bool has_earliest, int64_t earliest, bool 
     return earliest;
 }
 
-}  // namespace od
+} // namespace od

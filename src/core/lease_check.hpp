@@ -37,4 +37,4 @@ inline int64_t lower_lease_check(int64_t current, int64_t deadline) noexcept {
     return deadline < current ? deadline : current;
 }
 
-}  // namespace od
+} // namespace od

@@ -93,7 +93,7 @@ uint64_t mul_hi64(uint64_t a, uint64_t b) noexcept {
 
 struct Writer {
     char *buf;
-    std::size_t cap;  /* including the NUL */
+    std::size_t cap; /* including the NUL */
     std::size_t len;
 
     std::size_t room() const noexcept { return len + 1 < cap ? cap - 1 - len : 0; }
@@ -116,15 +116,29 @@ struct Writer {
 std::size_t utf8_sequence(const unsigned char *p, std::size_t n) noexcept {
     unsigned char c = p[0];
     std::size_t need;
-    unsigned char lo = 0x80, hi = 0xbf;  /* range of the second byte */
-    if (c >= 0xc2 && c <= 0xdf) need = 2;
-    else if (c == 0xe0) { need = 3; lo = 0xa0; }
-    else if (c == 0xed) { need = 3; hi = 0x9f; }  /* no surrogates */
-    else if (c >= 0xe1 && c <= 0xef) need = 3;
-    else if (c == 0xf0) { need = 4; lo = 0x90; }
-    else if (c >= 0xf1 && c <= 0xf3) need = 4;
-    else if (c == 0xf4) { need = 4; hi = 0x8f; }  /* <= U+10FFFF */
-    else return 0;
+    unsigned char lo = 0x80, hi = 0xbf; /* range of the second byte */
+    if (c >= 0xc2 && c <= 0xdf)
+        need = 2;
+    else if (c == 0xe0) {
+        need = 3;
+        lo = 0xa0;
+    } else if (c == 0xed) {
+        need = 3;
+        hi = 0x9f;
+    } /* no surrogates */
+    else if (c >= 0xe1 && c <= 0xef)
+        need = 3;
+    else if (c == 0xf0) {
+        need = 4;
+        lo = 0x90;
+    } else if (c >= 0xf1 && c <= 0xf3)
+        need = 4;
+    else if (c == 0xf4) {
+        need = 4;
+        hi = 0x8f;
+    } /* <= U+10FFFF */
+    else
+        return 0;
     if (n < need) return 0;
     if (p[1] < lo || p[1] > hi) return 0;
     for (std::size_t i = 2; i < need; i++)
@@ -132,7 +146,9 @@ std::size_t utf8_sequence(const unsigned char *p, std::size_t n) noexcept {
     return need;
 }
 
-inline bool is_space_or_control(unsigned char c) noexcept { return c < 0x20 || c == 0x7f || c == ' '; }
+inline bool is_space_or_control(unsigned char c) noexcept {
+    return c < 0x20 || c == 0x7f || c == ' ';
+}
 
 /*
  * Append ": <sanitized text>" (nothing at all when the text is empty once
@@ -143,7 +159,7 @@ void put_quoted(Writer &w, const char *text, std::size_t len, std::size_t max) n
     if (text == nullptr) return;
     const unsigned char *p = reinterpret_cast<const unsigned char *>(text);
     std::size_t i = 0;
-    while (i < len && is_space_or_control(p[i])) i++;  /* trim leading */
+    while (i < len && is_space_or_control(p[i])) i++; /* trim leading */
     if (i == len) return;
 
     w.put(": ");
@@ -164,7 +180,10 @@ void put_quoted(Writer &w, const char *text, std::size_t len, std::size_t max) n
         char repl = static_cast<char>(c);
         if (c >= 0x80) {
             seq = utf8_sequence(p + i, len - i);
-            if (seq == 0) { seq = 1; repl = '?'; }
+            if (seq == 0) {
+                seq = 1;
+                repl = '?';
+            }
         }
         std::size_t out = seq + (pending_space ? 1 : 0);
         if (written + out > budget) {
@@ -172,8 +191,10 @@ void put_quoted(Writer &w, const char *text, std::size_t len, std::size_t max) n
             break;
         }
         if (pending_space) w.put(" ", 1);
-        if (seq == 1) w.put(&repl, 1);
-        else w.put(text + i, seq);
+        if (seq == 1)
+            w.put(&repl, 1);
+        else
+            w.put(text + i, seq);
         written += out;
         pending_space = false;
         i += seq;
@@ -183,33 +204,33 @@ void put_quoted(Writer &w, const char *text, std::size_t len, std::size_t max) n
 
 const char *transport_kind(int code) noexcept {
     switch (code) {
-    case CURLE_OPERATION_TIMEDOUT:
-        return "timeout";
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_RESOLVE_PROXY:
-        return "DNS error";
-    case CURLE_COULDNT_CONNECT:
-        return "connect error";
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_PEER_FAILED_VERIFICATION:
-    case CURLE_SSL_CERTPROBLEM:
-    case CURLE_SSL_CIPHER:
-    case CURLE_SSL_CACERT_BADFILE:
-    case CURLE_SSL_SHUTDOWN_FAILED:
-    case CURLE_SSL_CRL_BADFILE:
-    case CURLE_SSL_ISSUER_ERROR:
-    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
-    case CURLE_SSL_INVALIDCERTSTATUS:
-        return "TLS error";
-    case CURLE_SEND_ERROR:
-    case CURLE_RECV_ERROR:
-        return "connection error";
-    case CURLE_GOT_NOTHING:
-        return "empty reply";
-    case CURLE_WEIRD_SERVER_REPLY:
-        return "protocol error";
-    default:
-        return nullptr;
+        case CURLE_OPERATION_TIMEDOUT:
+            return "timeout";
+        case CURLE_COULDNT_RESOLVE_HOST:
+        case CURLE_COULDNT_RESOLVE_PROXY:
+            return "DNS error";
+        case CURLE_COULDNT_CONNECT:
+            return "connect error";
+        case CURLE_SSL_CONNECT_ERROR:
+        case CURLE_PEER_FAILED_VERIFICATION:
+        case CURLE_SSL_CERTPROBLEM:
+        case CURLE_SSL_CIPHER:
+        case CURLE_SSL_CACERT_BADFILE:
+        case CURLE_SSL_SHUTDOWN_FAILED:
+        case CURLE_SSL_CRL_BADFILE:
+        case CURLE_SSL_ISSUER_ERROR:
+        case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+        case CURLE_SSL_INVALIDCERTSTATUS:
+            return "TLS error";
+        case CURLE_SEND_ERROR:
+        case CURLE_RECV_ERROR:
+            return "connection error";
+        case CURLE_GOT_NOTHING:
+            return "empty reply";
+        case CURLE_WEIRD_SERVER_REPLY:
+            return "protocol error";
+        default:
+            return nullptr;
     }
 }
 
@@ -247,16 +268,16 @@ void put_detail(Writer &w, const DeliveryResult &r, const char *body, std::size_
 /* What ran out, for the local failure message. */
 const char *local_resource(const DeliveryResult &r) noexcept {
     switch (r.os_errno) {
-    case EMFILE:
-        return "Too many open files";
-    case ENFILE:
-        return "Too many open files in system";
-    case ENOMEM:
-        return "Cannot allocate memory";
-    case ENOBUFS:
-        return "No buffer space available";
-    default:
-        return r.transport_error == CURLE_OUT_OF_MEMORY ? "out of memory" : "resource exhausted";
+        case EMFILE:
+            return "Too many open files";
+        case ENFILE:
+            return "Too many open files in system";
+        case ENOMEM:
+            return "Cannot allocate memory";
+        case ENOBUFS:
+            return "No buffer space available";
+        default:
+            return r.transport_error == CURLE_OUT_OF_MEMORY ? "out of memory" : "resource exhausted";
     }
 }
 
@@ -280,9 +301,13 @@ bool retry_after_ms(const DeliveryResult &r, const OutcomePolicy &p, int64_t now
 
 /* ------------------------------------------------------------ HTTP dates */
 
-inline bool is_digit(char c) noexcept { return c >= '0' && c <= '9'; }
+inline bool is_digit(char c) noexcept {
+    return c >= '0' && c <= '9';
+}
 
-inline char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+inline char lower(char c) noexcept {
+    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
 
 bool iequal_n(const char *a, const char *lit, std::size_t n) noexcept {
     for (std::size_t i = 0; i < n; i++)
@@ -294,9 +319,9 @@ bool iequal_n(const char *a, const char *lit, std::size_t n) noexcept {
 int64_t days_from_civil(int64_t y, unsigned m, unsigned d) noexcept {
     y -= m <= 2;
     const int64_t era = (y >= 0 ? y : y - 399) / 400;
-    const int64_t yoe = y - era * 400;                                         /* [0, 399] */
-    const int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;       /* [0, 365] */
-    const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;                 /* [0, 146096] */
+    const int64_t yoe = y - era * 400;                                   /* [0, 399] */
+    const int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1; /* [0, 365] */
+    const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;           /* [0, 146096] */
     return era * 146097 + doe - 719468;
 }
 
@@ -313,7 +338,9 @@ void civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d) noexcept {
     *y = yoe + era * 400 + (*m <= 2);
 }
 
-bool is_leap(int64_t y) noexcept { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
+bool is_leap(int64_t y) noexcept {
+    return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+}
 
 unsigned days_in_month(int64_t y, unsigned m) noexcept {
     static const unsigned dim[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
@@ -346,7 +373,7 @@ struct Cursor {
     /* "Mon".."Sun" (short) or "Monday".."Sunday" (long) */
     bool day_name(bool long_form) noexcept {
         static const char *const shortn[7] = {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"};
-        static const char *const longn[7] = {"Monday", "Tuesday", "Wednesday", "Thursday",
+        static const char *const longn[7] = {"Monday", "Tuesday",  "Wednesday", "Thursday",
                                              "Friday", "Saturday", "Sunday"};
         for (int i = 0; i < 7; i++)
             if (lit(long_form ? longn[i] : shortn[i])) return true;
@@ -370,7 +397,7 @@ struct Cursor {
 
 bool make_time(int64_t y, unsigned mon, int day, int h, int mi, int s, int64_t *out) noexcept {
     if (day < 1 || static_cast<unsigned>(day) > days_in_month(y, mon)) return false;
-    if (h > 23 || mi > 59 || s > 60) return false;  /* 60: leap second */
+    if (h > 23 || mi > 59 || s > 60) return false; /* 60: leap second */
     *out = days_from_civil(y, mon, static_cast<unsigned>(day)) * 86400 + h * 3600 + mi * 60 + s;
     return true;
 }
@@ -379,9 +406,8 @@ bool make_time(int64_t y, unsigned mon, int day, int h, int mi, int s, int64_t *
 bool parse_imf_fixdate(Cursor c, int64_t *t) noexcept {
     int day, year, h, mi, s;
     unsigned mon;
-    if (!c.day_name(false) || !c.lit(", ") || !c.digits(2, &day) || !c.lit(" ") || !c.month(&mon) ||
-        !c.lit(" ") || !c.digits(4, &year) || !c.lit(" ") || !c.time_of_day(&h, &mi, &s) || !c.lit(" GMT") ||
-        !c.at_end())
+    if (!c.day_name(false) || !c.lit(", ") || !c.digits(2, &day) || !c.lit(" ") || !c.month(&mon) || !c.lit(" ") ||
+        !c.digits(4, &year) || !c.lit(" ") || !c.time_of_day(&h, &mi, &s) || !c.lit(" GMT") || !c.at_end())
         return false;
     return make_time(year, mon, day, h, mi, s, t);
 }
@@ -390,9 +416,8 @@ bool parse_imf_fixdate(Cursor c, int64_t *t) noexcept {
 bool parse_rfc850(Cursor c, int64_t now_unix_s, int64_t *t) noexcept {
     int day, yy, h, mi, s;
     unsigned mon;
-    if (!c.day_name(true) || !c.lit(", ") || !c.digits(2, &day) || !c.lit("-") || !c.month(&mon) ||
-        !c.lit("-") || !c.digits(2, &yy) || !c.lit(" ") || !c.time_of_day(&h, &mi, &s) || !c.lit(" GMT") ||
-        !c.at_end())
+    if (!c.day_name(true) || !c.lit(", ") || !c.digits(2, &day) || !c.lit("-") || !c.month(&mon) || !c.lit("-") ||
+        !c.digits(2, &yy) || !c.lit(" ") || !c.time_of_day(&h, &mi, &s) || !c.lit(" GMT") || !c.at_end())
         return false;
     /*
      * RFC 9110 5.6.7: a two-digit year that appears to be more than 50 years
@@ -418,12 +443,11 @@ bool parse_asctime(Cursor c, int64_t *t) noexcept {
     } else if (!c.digits(2, &day)) {
         return false;
     }
-    if (!c.lit(" ") || !c.time_of_day(&h, &mi, &s) || !c.lit(" ") || !c.digits(4, &year) || !c.at_end())
-        return false;
+    if (!c.lit(" ") || !c.time_of_day(&h, &mi, &s) || !c.lit(" ") || !c.digits(4, &year) || !c.at_end()) return false;
     return make_time(year, mon, day, h, mi, s, t);
 }
 
-}  // namespace
+} // namespace
 
 /* ------------------------------------------------------------------ API */
 
@@ -436,8 +460,10 @@ int64_t full_jitter_ms(int attempts, const BackoffPolicy &b, uint64_t random64) 
     if (attempts < 0) attempts = 0;
     /* base * 2^attempts, saturated at INT64_MAX */
     int64_t grown;
-    if (attempts >= 63 || b.base_ms > (INT64_MAX >> attempts)) grown = INT64_MAX;
-    else grown = b.base_ms << attempts;
+    if (attempts >= 63 || b.base_ms > (INT64_MAX >> attempts))
+        grown = INT64_MAX;
+    else
+        grown = b.base_ms << attempts;
     int64_t ceiling = grown < b.cap_ms ? grown : b.cap_ms;
     /* uniform in [0, ceiling]; ceiling + 1 <= 2^63 fits in uint64_t */
     uint64_t span = static_cast<uint64_t>(ceiling) + 1;
@@ -479,8 +505,8 @@ bool parse_retry_after(const char *v, std::size_t len, int64_t now_unix_s, int64
     return true;
 }
 
-Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, int64_t now_unix_s,
-                 uint64_t random64, const char *body, std::size_t body_len) noexcept {
+Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, int64_t now_unix_s, uint64_t random64,
+                 const char *body, std::size_t body_len) noexcept {
     Outcome o;
     o.verdict = Verdict::Dead;
     o.delay_ms = 0;
@@ -546,12 +572,16 @@ Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, 
 
 const char *verdict_name(Verdict v) noexcept {
     switch (v) {
-        case Verdict::Done: return "done";
-        case Verdict::Retry: return "retry";
-        case Verdict::Defer: return "defer";
-        case Verdict::Dead: return "dead";
+        case Verdict::Done:
+            return "done";
+        case Verdict::Retry:
+            return "retry";
+        case Verdict::Defer:
+            return "defer";
+        case Verdict::Dead:
+            return "dead";
     }
     return "dead";
 }
 
-}  // namespace od
+} // namespace od

@@ -37,10 +37,10 @@ struct BackoffPolicy {
 
 /* What happened on the wire for one request. */
 struct DeliveryResult {
-    int transport_error;            /* 0: an HTTP response was received; else a CURLcode */
-    const char *transport_message;  /* curl's message for transport errors, or nullptr */
-    long http_status;               /* 0 when no response */
-    const char *retry_after;        /* raw Retry-After header value, or nullptr */
+    int transport_error;           /* 0: an HTTP response was received; else a CURLcode */
+    const char *transport_message; /* curl's message for transport errors, or nullptr */
+    long http_status;              /* 0 when no response */
+    const char *retry_after;       /* raw Retry-After header value, or nullptr */
     std::size_t retry_after_len;
     /*
      * The transport error was this process's own (HttpCompletion::local_failure):
@@ -48,7 +48,7 @@ struct DeliveryResult {
      * without a transport error (an HTTP response is the endpoint's answer).
      */
     bool local_failure = false;
-    int os_errno = 0;               /* the errno behind it, 0 if unknown */
+    int os_errno = 0; /* the errno behind it, 0 if unknown */
 };
 
 /* Per-endpoint and global settings that classification depends on. */
@@ -58,16 +58,16 @@ struct OutcomePolicy {
     int max_attempts;
     BackoffPolicy backoff;
     int64_t defer_delay_ms;
-    int64_t max_retry_after_s;      /* Retry-After values are clamped to this */
+    int64_t max_retry_after_s; /* Retry-After values are clamped to this */
 };
 
 constexpr std::size_t kOutcomeErrorSize = 512;
 
 struct Outcome {
     Verdict verdict;
-    int64_t delay_ms;               /* Retry/Defer: delay before the message is available again */
-    bool local_failure;             /* Retry for a local failure: refund the attempt, not the endpoint's doing */
-    char error[kOutcomeErrorSize];  /* "" for Done; otherwise why (for last_error) */
+    int64_t delay_ms;              /* Retry/Defer: delay before the message is available again */
+    bool local_failure;            /* Retry for a local failure: refund the attempt, not the endpoint's doing */
+    char error[kOutcomeErrorSize]; /* "" for Done; otherwise why (for last_error) */
 };
 
 /*
@@ -78,8 +78,8 @@ struct Outcome {
  * deterministic).  body/body_len: a prefix of the response body (may be
  * nullptr), quoted in error for non-2xx responses (truncated to fit).
  */
-Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, int64_t now_unix_s,
-                 uint64_t random64, const char *body, std::size_t body_len) noexcept;
+Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, int64_t now_unix_s, uint64_t random64,
+                 const char *body, std::size_t body_len) noexcept;
 
 /* random(0, min(cap, base * 2^attempts)) in ms, overflow-safe for any attempts >= 0. */
 int64_t full_jitter_ms(int attempts, const BackoffPolicy &b, uint64_t random64) noexcept;
@@ -104,4 +104,4 @@ bool parse_retry_after(const char *v, std::size_t len, int64_t now_unix_s, int64
 /* Is this status retryable per the table (408, 425, 429, 5xx)? */
 bool status_is_retryable(long status) noexcept;
 
-}  // namespace od
+} // namespace od

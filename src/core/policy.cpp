@@ -11,7 +11,7 @@ EndpointSignal endpoint_signal(Verdict v, long http_status) noexcept {
         case Verdict::Done:
             return EndpointSignal::Success;
         case Verdict::Retry:
-            return EndpointSignal::Failure;     // retryable status or transport error
+            return EndpointSignal::Failure; // retryable status or transport error
         case Verdict::Dead:
             // retries exhausted on a transport error or a 5xx count; a 4xx verdict does not
             return (http_status == 0 || http_status >= 500) ? EndpointSignal::Failure : EndpointSignal::Neutral;
@@ -21,10 +21,12 @@ EndpointSignal endpoint_signal(Verdict v, long http_status) noexcept {
     return EndpointSignal::Neutral;
 }
 
-bool answer_disables_endpoint(long http_status) noexcept { return http_status == 410; }
+bool answer_disables_endpoint(long http_status) noexcept {
+    return http_status == 410;
+}
 
 GoneFinalize finalize_after_gone(int64_t defer_delay_ms) noexcept {
     return GoneFinalize{Verdict::Retry, defer_delay_ms, true, "HTTP 410 Gone: the endpoint was disabled"};
 }
 
-}  // namespace od
+} // namespace od

@@ -46,4 +46,4 @@ struct GoneFinalize {
 };
 GoneFinalize finalize_after_gone(int64_t defer_delay_ms) noexcept;
 
-}  // namespace od
+} // namespace od

@@ -23,7 +23,9 @@ std::size_t name_length(const std::string &line) noexcept {
     return p == std::string::npos ? line.size() : p;
 }
 
-inline char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+inline char lower(char c) noexcept {
+    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
 
 /* Do the two lines carry the same header name (case-insensitive)? */
 bool same_name(const std::string &a, const std::string &b) noexcept {
@@ -40,7 +42,7 @@ bool named_by_endpoint(const std::string &line, const std::vector<std::string> &
     return false;
 }
 
-}  // namespace
+} // namespace
 
 bool build_request_headers(const MessageHead &m, const std::string &source,
                            const std::vector<std::string> &endpoint_headers,
@@ -79,4 +81,4 @@ bool build_request_headers(const MessageHead &m, const std::string &source,
     }
 }
 
-}  // namespace od
+} // namespace od

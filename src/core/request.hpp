@@ -44,4 +44,4 @@ bool build_request_headers(const MessageHead &m, const std::string &source,
                            std::size_t keylen, int64_t now_unix_s, const char *body, std::size_t body_len,
                            std::vector<std::string> &out) noexcept;
 
-}  // namespace od
+} // namespace od

@@ -12,13 +12,19 @@ int half_pipeline(const WorkerCycle &c) noexcept {
     return half < 1 ? 1 : half;
 }
 
-bool backing_off(const WorkerCycle &c) noexcept { return c.now < c.backoff_until; }
+bool backing_off(const WorkerCycle &c) noexcept {
+    return c.now < c.backoff_until;
+}
 
-int64_t least(int64_t a, int64_t b) noexcept { return a < b ? a : b; }
+int64_t least(int64_t a, int64_t b) noexcept {
+    return a < b ? a : b;
+}
 
-}  // namespace
+} // namespace
 
-bool has_claim_room(const WorkerCycle &c) noexcept { return c.pipeline - c.held >= half_pipeline(c); }
+bool has_claim_room(const WorkerCycle &c) noexcept {
+    return c.pipeline - c.held >= half_pipeline(c);
+}
 
 int claim_now(const WorkerCycle &c) noexcept {
     if (!c.active || backing_off(c) || !has_claim_room(c)) return 0;
@@ -42,7 +48,9 @@ int64_t refresh_period_us(bool changes_announced, int64_t poll_interval_us) noex
     return poll_interval_us > kEndpointSafetyPollUs ? poll_interval_us : kEndpointSafetyPollUs;
 }
 
-bool purge_now(const WorkerCycle &c) noexcept { return c.purges && !backing_off(c) && c.now >= c.next_purge; }
+bool purge_now(const WorkerCycle &c) noexcept {
+    return c.purges && !backing_off(c) && c.now >= c.next_purge;
+}
 
 int64_t next_wakeup(const WorkerCycle &c) noexcept {
     bool can_claim = c.active && has_claim_room(c);
@@ -63,4 +71,4 @@ long wait_ms(int64_t now, int64_t until) noexcept {
     return static_cast<long>((until - now + 999) / 1000);
 }
 
-}  // namespace od
+} // namespace od

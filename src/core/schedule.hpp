@@ -49,23 +49,24 @@ struct WorkerCycle {
     int held = 0;
 
     /* reasons to claim */
-    bool woken = false;              /* the latch was set since the last claim */
-    bool last_claim_full = false;    /* the last claim took all it asked for */
-    int64_t next_poll = 0;           /* the fallback poll */
-    int64_t next_quota = 0;          /* a refused reservation may succeed then; 0 = none */
-    bool places_released = false;    /* a request finished since the last claim */
-    bool claim_quota_full = false;   /* the last claim took every place its quotas allowed */
+    bool woken = false;            /* the latch was set since the last claim */
+    bool last_claim_full = false;  /* the last claim took all it asked for */
+    int64_t next_poll = 0;         /* the fallback poll */
+    int64_t next_quota = 0;        /* a refused reservation may succeed then; 0 = none */
+    bool places_released = false;  /* a request finished since the last claim */
+    bool claim_quota_full = false; /* the last claim took every place its quotas allowed */
 
     /* results waiting to be finalized */
     int results = 0;
     int in_flight = 0;
-    int64_t oldest_result = 0;       /* when the oldest was noted; 0 = not yet (due at once) */
+    int64_t oldest_result = 0; /* when the oldest was noted; 0 = not yet (due at once) */
     int64_t flush_after_us = 2000;
 
     /* other deadlines */
-    int64_t next_refresh = 0;        /* reload of the endpoints */
-    bool endpoints_changed = false;  /* a committed change of outbox.endpoints since the last reload, or a slot changed hands */
-    bool purges = false;             /* this worker runs the retention purge */
+    int64_t next_refresh = 0; /* reload of the endpoints */
+    bool endpoints_changed =
+        false;           /* a committed change of outbox.endpoints since the last reload, or a slot changed hands */
+    bool purges = false; /* this worker runs the retention purge */
     int64_t next_purge = 0;
 };
 
@@ -97,4 +98,4 @@ int64_t next_wakeup(const WorkerCycle &c) noexcept;
 /* Milliseconds to wait until `until` from `now`, rounded up; 0 if it has passed. */
 long wait_ms(int64_t now, int64_t until) noexcept;
 
-}  // namespace od
+} // namespace od

@@ -39,8 +39,8 @@
 namespace od {
 namespace {
 
-constexpr std::size_t kMacSize = 32;                                  /* SHA-256 */
-constexpr std::size_t kMaxSecretB64 = (kMaxSecretBytes * 4) / 3 + 4;  /* generous */
+constexpr std::size_t kMacSize = 32;                                 /* SHA-256 */
+constexpr std::size_t kMaxSecretB64 = (kMaxSecretBytes * 4) / 3 + 4; /* generous */
 
 /* Decimal digits of v (sign included) into out (>= 21 bytes); returns the length. */
 std::size_t format_int64(int64_t v, char *out) noexcept {
@@ -121,10 +121,10 @@ void civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d) noexcept {
 
 int64_t floor_div(int64_t a, int64_t b) noexcept {
     int64_t q = a / b;
-    return (a % b != 0 && a < 0) ? q - 1 : q;  /* b > 0 */
+    return (a % b != 0 && a < 0) ? q - 1 : q; /* b > 0 */
 }
 
-}  // namespace
+} // namespace
 
 long decode_webhook_secret(const char *secret, std::size_t len, unsigned char *key, std::size_t keycap) noexcept {
     if (secret == nullptr || key == nullptr) return -1;
@@ -132,7 +132,7 @@ long decode_webhook_secret(const char *secret, std::size_t len, unsigned char *k
     const char *b64 = secret + 6;
     std::size_t blen = len - 6;
     if (blen > kMaxSecretB64) return -1;
-    unsigned char buf[kMaxSecretB64 * 3 / 4 + 3];  /* what base64_decode may write */
+    unsigned char buf[kMaxSecretB64 * 3 / 4 + 3]; /* what base64_decode may write */
     long n = base64_decode(b64, blen, buf);
     long result = -1;
     if (n >= 0 && static_cast<std::size_t>(n) <= keycap) {
@@ -157,7 +157,7 @@ bool webhook_signature(const unsigned char *key, std::size_t keylen, const char 
     unsigned char mac[kMacSize];
     if (!hmac_sha256(key, keylen, parts, 5, mac)) return false;
     std::memcpy(out, "v1,", 3);
-    std::size_t n = base64_encode(mac, kMacSize, out + 3);  /* 44 characters */
+    std::size_t n = base64_encode(mac, kMacSize, out + 3); /* 44 characters */
     out[3 + n] = '\0';
     OPENSSL_cleanse(mac, sizeof mac);
     return true;
@@ -177,7 +177,7 @@ std::size_t format_rfc3339(int64_t unix_us, char out[kRfc3339Size]) noexcept {
     int64_t y;
     unsigned m, d;
     civil_from_days(days, &y, &m, &d);
-    unsigned year = static_cast<unsigned>(y);  /* 0..9999 after clamping */
+    unsigned year = static_cast<unsigned>(y); /* 0..9999 after clamping */
 
     char *p = out;
     put2(p, year / 100);
@@ -201,4 +201,4 @@ std::size_t format_rfc3339(int64_t unix_us, char out[kRfc3339Size]) noexcept {
     return 27;
 }
 
-}  // namespace od
+} // namespace od

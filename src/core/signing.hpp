@@ -40,4 +40,4 @@ constexpr std::size_t kRfc3339Size = 28;
  */
 std::size_t format_rfc3339(int64_t unix_us, char out[kRfc3339Size]) noexcept;
 
-}  // namespace od
+} // namespace od

@@ -12,7 +12,9 @@
 namespace od {
 namespace {
 
-inline char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+inline char lower(char c) {
+    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
 
 bool iequals(const char *a, std::size_t alen, const char *lit) {
     std::size_t n = std::strlen(lit);
@@ -64,14 +66,16 @@ const char *check_ipv6_literal(const char *p, std::size_t n) {
     for (std::size_t i = 0; i < n; i++) {
         unsigned char c = static_cast<unsigned char>(p[i]);
         bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-        if (c == ':') colons++;
-        else if (!hex && c != '.') return "has an invalid IPv6 address";
+        if (c == ':')
+            colons++;
+        else if (!hex && c != '.')
+            return "has an invalid IPv6 address";
     }
     if (colons < 2) return "has an invalid IPv6 address";
     return nullptr;
 }
 
-}  // namespace
+} // namespace
 
 const char *check_url(const char *url, std::size_t len) {
     if (url == nullptr || len == 0) return "is empty";
@@ -82,9 +86,12 @@ const char *check_url(const char *url, std::size_t len) {
         if (c >= 0x80) return "contains a non-ASCII byte (percent-encode it)";
     }
     std::size_t pos;
-    if (istarts(url, len, "http://")) pos = 7;
-    else if (istarts(url, len, "https://")) pos = 8;
-    else return "must start with http:// or https://";
+    if (istarts(url, len, "http://"))
+        pos = 7;
+    else if (istarts(url, len, "https://"))
+        pos = 8;
+    else
+        return "must start with http:// or https://";
 
     /* authority runs to the first '/', '?' or '#' */
     std::size_t end = pos;
@@ -139,7 +146,9 @@ const char *check_url(const char *url, std::size_t len) {
     return nullptr;
 }
 
-bool url_is_https(const char *url, std::size_t len) { return istarts(url, len, "https://"); }
+bool url_is_https(const char *url, std::size_t len) {
+    return istarts(url, len, "https://");
+}
 
 const char *check_header_name(const char *name, std::size_t len) {
     if (name == nullptr || len == 0) return "is empty";
@@ -153,9 +162,9 @@ const char *check_header_name(const char *name, std::size_t len) {
 }
 
 bool header_name_is_reserved(const char *name, std::size_t len) {
-    static const char *const exact[] = {"host", "content-length", "transfer-encoding", "connection",
-                                        "content-type", "idempotency-key", "x-outbox-attempt",
-                                        "expect", "te", "upgrade", "keep-alive", "trailer"};
+    static const char *const exact[] = {"host",         "content-length",  "transfer-encoding", "connection",
+                                        "content-type", "idempotency-key", "x-outbox-attempt",  "expect",
+                                        "te",           "upgrade",         "keep-alive",        "trailer"};
     for (const char *e : exact)
         if (iequals(name, len, e)) return true;
     return istarts(name, len, "ce-") || istarts(name, len, "webhook-");
@@ -223,7 +232,7 @@ namespace {
 /* Bounded output for redact_url: appends while there is room, keeps the NUL. */
 struct Out {
     char *buf;
-    std::size_t cap;  /* bytes available before the NUL */
+    std::size_t cap; /* bytes available before the NUL */
     std::size_t len;
     void put(const char *s, std::size_t n) noexcept {
         if (n > cap - len) n = cap - len;
@@ -233,7 +242,7 @@ struct Out {
     }
 };
 
-}  // namespace
+} // namespace
 
 std::size_t redact_url(const char *url, std::size_t len, char *out, std::size_t outsz) noexcept {
     if (out == nullptr || outsz == 0) return 0;
@@ -285,4 +294,4 @@ const char *check_signing_secret(const char *secret, std::size_t len) {
     return nullptr;
 }
 
-}  // namespace od
+} // namespace od

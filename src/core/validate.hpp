@@ -91,4 +91,4 @@ std::size_t base64_encode(const unsigned char *in, std::size_t len, char *out);
  */
 std::size_t redact_url(const char *url, std::size_t len, char *out, std::size_t outsz) noexcept;
 
-}  // namespace od
+} // namespace od

@@ -50,4 +50,4 @@ TEST(Histogram, ATotalAboveTheCountsSaturatesAtTheLastBucket) {
                      static_cast<double>(UINT64_C(1) << (od::kLatencyBuckets - 1)) / 1000.0);
 }
 
-}  // namespace
+} // namespace

@@ -37,7 +37,7 @@ namespace {
 // sent to a proxy, is routed by its path, so the server can stand in for a
 // proxy that would forward and answer).
 class LoopbackServer {
-public:
+  public:
     LoopbackServer() {
         listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
         int one = 1;
@@ -64,14 +64,14 @@ public:
     }
     std::string url(const std::string &path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
     int connections() const { return accepted_.load(); }
-    int open_connections() const { return open_.load(); }  // accepted, not yet closed
+    int open_connections() const { return open_.load(); } // accepted, not yet closed
     int max_concurrent() const { return max_active_.load(); }
     std::vector<std::string> requests() {
         std::lock_guard<std::mutex> g(mu_);
         return requests_;
     }
 
-private:
+  private:
     void accept_loop() {
         while (!stop_) {
             int fd = ::accept(listen_fd_, nullptr, nullptr);
@@ -94,7 +94,10 @@ private:
             size_t hdr_end;
             while ((hdr_end = buf.find("\r\n\r\n")) == std::string::npos) {
                 ssize_t n = ::recv(fd, tmp, sizeof tmp, 0);
-                if (n <= 0) { ::close(fd); return; }
+                if (n <= 0) {
+                    ::close(fd);
+                    return;
+                }
                 buf.append(tmp, static_cast<size_t>(n));
             }
             std::string head = buf.substr(0, hdr_end);
@@ -103,7 +106,10 @@ private:
             if (p != std::string::npos) clen = std::stoul(head.substr(p + 16));
             while (buf.size() < hdr_end + 4 + clen) {
                 ssize_t n = ::recv(fd, tmp, sizeof tmp, 0);
-                if (n <= 0) { ::close(fd); return; }
+                if (n <= 0) {
+                    ::close(fd);
+                    return;
+                }
                 buf.append(tmp, static_cast<size_t>(n));
             }
             std::string request = buf.substr(0, hdr_end + 4 + clen);
@@ -129,8 +135,8 @@ private:
             std::string resp;
             if (path == "/huge-header") {
                 // a 150 KB response header: libcurl gives up with CURLE_OUT_OF_MEMORY
-                const std::string h = "HTTP/1.1 200 OK\r\nX-Big: " + std::string(150 * 1024, 'a') +
-                                      "\r\nContent-Length: 2\r\n\r\n{}";
+                const std::string h =
+                    "HTTP/1.1 200 OK\r\nX-Big: " + std::string(150 * 1024, 'a') + "\r\nContent-Length: 2\r\n\r\n{}";
                 ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
                 ::close(fd);
                 return;
@@ -159,8 +165,9 @@ private:
             } else if (path == "/no-content") {
                 resp = "HTTP/1.1 204 No Content\r\n\r\n";
             } else if (path == "/chunked-trailer") {
-                resp = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n"
-                       "2\r\nok\r\n0\r\nX-T: 1\r\n\r\n";
+                resp =
+                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n"
+                    "2\r\nok\r\n0\r\nX-T: 1\r\n\r\n";
             } else if (path == "/until-close") {
                 // HTTP/1.0, no Content-Length: the body runs to the close
                 const std::string h = "HTTP/1.0 200 OK\r\n\r\nbody";
@@ -181,7 +188,8 @@ private:
                 resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
             } else if (path == "/huge") {
                 const size_t n = 4 * 1024 * 1024;
-                std::string h = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: " + std::to_string(n) + "\r\n\r\n";
+                std::string h =
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Length: " + std::to_string(n) + "\r\n\r\n";
                 ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
                 std::string chunk(64 * 1024, 'x');
                 for (size_t sent = 0; sent < n; sent += chunk.size())
@@ -191,7 +199,10 @@ private:
             } else {
                 resp = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
             }
-            if (::send(fd, resp.data(), resp.size(), MSG_NOSIGNAL) <= 0) { ::close(fd); return; }
+            if (::send(fd, resp.data(), resp.size(), MSG_NOSIGNAL) <= 0) {
+                ::close(fd);
+                return;
+            }
         }
     }
 
@@ -200,7 +211,7 @@ private:
     std::atomic<bool> stop_{false};
     std::atomic<int> accepted_{0};
     std::atomic<int> open_{0};
-    std::atomic<int> active_{0};      // requests being answered right now
+    std::atomic<int> active_{0}; // requests being answered right now
     std::atomic<int> max_active_{0};
     std::thread accept_thread_;
     std::mutex mu_;
@@ -220,13 +231,15 @@ std::vector<od::HttpCompletion> run_until(od::HttpEngine &e, size_t n, int max_m
         const auto &socks = e.sockets();
         std::vector<pollfd> pfds;
         for (const auto &s : socks)
-            pfds.push_back(pollfd{s.fd, static_cast<short>((s.want_read ? POLLIN : 0) | (s.want_write ? POLLOUT : 0)), 0});
+            pfds.push_back(
+                pollfd{s.fd, static_cast<short>((s.want_read ? POLLIN : 0) | (s.want_write ? POLLOUT : 0)), 0});
         long t = e.timeout_ms();
         if (t < 0 || t > 50) t = 50;
         int r = ::poll(pfds.data(), pfds.size(), static_cast<int>(t));
         if (r > 0) {
             for (const auto &p : pfds)
-                if (p.revents) e.on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0, (p.revents & POLLOUT) != 0);
+                if (p.revents)
+                    e.on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0, (p.revents & POLLOUT) != 0);
         } else if (e.timeout_ms() == 0) {
             e.on_timeout();
         }
@@ -236,7 +249,7 @@ std::vector<od::HttpCompletion> run_until(od::HttpEngine &e, size_t n, int max_m
 }
 
 class HttpEngineTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override { ASSERT_TRUE(engine.init(od::HttpEngineOptions{})) << engine.last_error(); }
     LoopbackServer server;
     od::HttpEngine engine;
@@ -267,7 +280,8 @@ TEST_F(HttpEngineTest, ManyConcurrentRequestsReuseConnections) {
     std::vector<std::string> headers = {"Content-Type: application/json"};
     for (int round = 0; round < 3; round++) {
         for (int i = 0; i < n; i++)
-            ASSERT_TRUE(engine.submit(static_cast<uint64_t>(round * n + i), server.url("/ok").c_str(), "{}", 2, headers, 5000));
+            ASSERT_TRUE(
+                engine.submit(static_cast<uint64_t>(round * n + i), server.url("/ok").c_str(), "{}", 2, headers, 5000));
         auto done = run_until(engine, n);
         ASSERT_EQ(done.size(), static_cast<size_t>(n));
         for (const auto &c : done) EXPECT_EQ(c.status, 200);
@@ -288,10 +302,10 @@ TEST_F(HttpEngineTest, CapturesRetryAfterAndDoesNotFollowRedirects) {
             EXPECT_EQ(c.status, 503);
             EXPECT_EQ(std::string(c.retry_after, c.retry_after_len), "7");
         } else {
-            EXPECT_EQ(c.status, 302);  // reported, not followed
+            EXPECT_EQ(c.status, 302); // reported, not followed
         }
     }
-    EXPECT_EQ(server.requests().size(), 2u);  // no request to /ok
+    EXPECT_EQ(server.requests().size(), 2u); // no request to /ok
 }
 
 TEST_F(HttpEngineTest, TimeoutIsATransportError) {
@@ -301,7 +315,7 @@ TEST_F(HttpEngineTest, TimeoutIsATransportError) {
     ASSERT_EQ(done.size(), 1u);
     EXPECT_NE(done[0].curl_code, 0);
     EXPECT_EQ(done[0].status, 0);
-    EXPECT_EQ(done[0].curl_code, 28);  // CURLE_OPERATION_TIMEDOUT
+    EXPECT_EQ(done[0].curl_code, 28); // CURLE_OPERATION_TIMEDOUT
     EXPECT_NE(std::string(done[0].error).find("timed out"), std::string::npos) << done[0].error;
 }
 
@@ -328,7 +342,7 @@ TEST_F(HttpEngineTest, HugeBodyIsCappedNotBuffered) {
     ASSERT_TRUE(engine.submit(1, server.url("/huge").c_str(), "{}", 2, {}, 5000));
     auto done = run_until(engine, 1);
     ASSERT_EQ(done.size(), 1u);
-    EXPECT_EQ(done[0].curl_code, 0);       // cut off on purpose, still a response
+    EXPECT_EQ(done[0].curl_code, 0); // cut off on purpose, still a response
     EXPECT_EQ(done[0].status, 500);
     EXPECT_EQ(done[0].body_len, od::kBodyCap);
 }
@@ -381,18 +395,21 @@ TEST(Dispatcher, ClassifiesOutcomes) {
     ASSERT_TRUE(d.add(std::move(unknown)));
 
     d.pump(1700000000);
-    EXPECT_EQ(d.in_flight(), 5u);  // 4 for "ok", 1 for "busy"; "nope" failed at once
+    EXPECT_EQ(d.in_flight(), 5u); // 4 for "ok", 1 for "busy"; "nope" failed at once
     EXPECT_EQ(d.queued(), 0u);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (d.outcomes().size() < 6 && std::chrono::steady_clock::now() < deadline) {
         const auto &socks = d.engine().sockets();
         std::vector<pollfd> pfds;
         for (const auto &sk : socks)
-            pfds.push_back(pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
+            pfds.push_back(
+                pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
         if (d.engine().timeout_ms() == 0) d.engine().on_timeout();
         if (::poll(pfds.data(), pfds.size(), 20) > 0)
             for (const auto &p : pfds)
-                if (p.revents) d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0, (p.revents & POLLOUT) != 0);
+                if (p.revents)
+                    d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0,
+                                         (p.revents & POLLOUT) != 0);
         d.collect(1700000000);
         d.pump(1700000000);
     }
@@ -404,9 +421,9 @@ TEST(Dispatcher, ClassifiesOutcomes) {
         EXPECT_EQ(by_id[i].http_status, 200);
     }
     EXPECT_EQ(by_id[5].verdict, od::Verdict::Retry);
-    EXPECT_GE(by_id[5].delay_ms, 7000);  // never sooner than Retry-After: 7
+    EXPECT_GE(by_id[5].delay_ms, 7000); // never sooner than Retry-After: 7
     EXPECT_EQ(by_id[5].http_status, 503);
-    EXPECT_EQ(by_id[6].verdict, od::Verdict::Retry);  // unknown endpoint: not sent, retried
+    EXPECT_EQ(by_id[6].verdict, od::Verdict::Retry); // unknown endpoint: not sent, retried
     EXPECT_EQ(by_id[6].latency_ms, -1);
 
     // each request carried the contract headers
@@ -423,7 +440,7 @@ TEST(Dispatcher, AbandonReleasesQueuedAndInFlight) {
     od::Dispatcher d;
     ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 1));
     od::DispatcherSettings s;
-    s.max_transfers = 1;  // one in flight, two queued
+    s.max_transfers = 1; // one in flight, two queued
     d.set_settings(s);
     od::EndpointConfig slow;
     slow.name = "slow";
@@ -463,7 +480,7 @@ TEST(Dispatcher, AbandonReleasesQueuedAndInFlight) {
 // clearing no_proxy so that loopback is not exempt, and puts every one of
 // them back afterwards.
 class ProxyEnvironment {
-public:
+  public:
     explicit ProxyEnvironment(const std::string &proxy_url) {
         for (const char *name : kNames) {
             const char *v = std::getenv(name);
@@ -483,22 +500,22 @@ public:
         }
     }
 
-private:
+  private:
     static constexpr const char *kNames[] = {"http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY",
                                              "all_proxy",  "ALL_PROXY",  "no_proxy",    "NO_PROXY"};
     std::vector<std::tuple<const char *, bool, std::string>> saved_;
 };
 
 TEST_F(HttpEngineTest, EnvironmentProxiesAreIgnored) {
-    LoopbackServer proxy;  // would forward and answer 200 if it were used
+    LoopbackServer proxy; // would forward and answer 200 if it were used
     ProxyEnvironment env(proxy.url(""));
     ASSERT_TRUE(engine.submit(1, server.url("/ok").c_str(), "{}", 2, {}, 5000));
     auto done = run_until(engine, 1);
     ASSERT_EQ(done.size(), 1u);
     EXPECT_EQ(done[0].curl_code, 0) << done[0].error;
     EXPECT_EQ(done[0].status, 200);
-    EXPECT_EQ(server.requests().size(), 1u);  // reached the real server ...
-    EXPECT_EQ(proxy.connections(), 0);        // ... and nothing else
+    EXPECT_EQ(server.requests().size(), 1u); // reached the real server ...
+    EXPECT_EQ(proxy.connections(), 0);       // ... and nothing else
 }
 
 // --------------------------------------------------- incomplete header section
@@ -557,8 +574,7 @@ TEST_F(HttpEngineTest, CompleteResponsesAreStillResponses) {
     const char *paths[] = {"/ok", "/early-hints", "/continue", "/no-content", "/chunked-trailer", "/until-close"};
     const long want_status[] = {200, 200, 201, 204, 200, 200};
     const char *want_body[] = {"ok", "{}", "", "", "ok", "body"};
-    for (uint64_t i = 0; i < 6; i++)
-        ASSERT_TRUE(engine.submit(i, server.url(paths[i]).c_str(), "{}", 2, {}, 5000));
+    for (uint64_t i = 0; i < 6; i++) ASSERT_TRUE(engine.submit(i, server.url(paths[i]).c_str(), "{}", 2, {}, 5000));
     auto done = run_until(engine, 6);
     ASSERT_EQ(done.size(), 6u);
     for (const auto &c : done) {
@@ -632,11 +648,11 @@ TEST(LocalFailure, OutOfDescriptorsIsLocalAndNeverCharged) {
         size_t submitted = 0;
         for (uint64_t i = 0; i < 30; i++)
             if (e.submit(i, url.c_str(), "{}", 2, {}, 5000)) submitted++;
-        if (submitted != 30) return 12;  // the engine never needs a descriptor to submit
+        if (submitted != 30) return 12; // the engine never needs a descriptor to submit
         auto done = run_until(e, submitted, 20000);
         if (done.size() != submitted) return 13;
         od::OutcomePolicy p{};
-        p.max_attempts = 1;  // any charged failure would be Dead
+        p.max_attempts = 1; // any charged failure would be Dead
         p.backoff = od::BackoffPolicy{1000, 60000};
         int local = 0, ok = 0;
         for (const auto &c : done) {
@@ -644,7 +660,7 @@ TEST(LocalFailure, OutOfDescriptorsIsLocalAndNeverCharged) {
                 ok++;
                 continue;
             }
-            if (!c.local_failure || c.os_errno != EMFILE) return 14;  // a failure charged to the endpoint
+            if (!c.local_failure || c.os_errno != EMFILE) return 14; // a failure charged to the endpoint
             od::DeliveryResult r{};
             r.transport_error = c.curl_code;
             r.transport_message = c.error;
@@ -653,13 +669,14 @@ TEST(LocalFailure, OutOfDescriptorsIsLocalAndNeverCharged) {
             od::Outcome o = od::classify(r, p, 1, 1700000000, UINT64_MAX, nullptr, 0);
             if (o.verdict != od::Verdict::Retry || !o.local_failure) return 15;
             if (o.delay_ms < 500 || o.delay_ms > 1000) return 16;
-            if (std::strstr(o.error, "local resource failure in the dispatcher (Too many open files); "
-                                     "attempt not counted") != o.error)
+            if (std::strstr(o.error,
+                            "local resource failure in the dispatcher (Too many open files); "
+                            "attempt not counted") != o.error)
                 return 17;
             local++;
         }
-        if (local == 0) return 18;  // the limit did not bite
-        if (ok == 0) return 19;     // nothing at all got through: not the test intended
+        if (local == 0) return 18; // the limit did not bite
+        if (ok == 0) return 19;    // nothing at all got through: not the test intended
         return 0;
     });
     EXPECT_EQ(rc, 0) << "child failed at check " << rc;
@@ -674,11 +691,14 @@ void drive(od::Dispatcher &d, size_t want, int max_ms, const std::function<void(
         const auto &socks = d.engine().sockets();
         std::vector<pollfd> pfds;
         for (const auto &sk : socks)
-            pfds.push_back(pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
+            pfds.push_back(
+                pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
         if (d.engine().timeout_ms() == 0) d.engine().on_timeout();
         if (::poll(pfds.data(), pfds.size(), 20) > 0)
             for (const auto &p : pfds)
-                if (p.revents) d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0, (p.revents & POLLOUT) != 0);
+                if (p.revents)
+                    d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0,
+                                         (p.revents & POLLOUT) != 0);
         d.collect(1700000000);
         d.pump(1700000000);
         if (after_pump) after_pump();
@@ -707,7 +727,7 @@ TEST(LocalFailure, DispatcherRefundsOutOfDescriptors) {
         if (!d.init(od::HttpEngineOptions{}, 7)) return 10;
         od::DispatcherSettings s;
         s.source = "/test";
-        s.max_attempts = 1;  // a charged failure at attempt 1 would be Dead
+        s.max_attempts = 1; // a charged failure at attempt 1 would be Dead
         s.backoff = od::BackoffPolicy{1000, 60000};
         d.set_settings(s);
         od::EndpointConfig ep;
@@ -724,7 +744,7 @@ TEST(LocalFailure, DispatcherRefundsOutOfDescriptors) {
         for (const auto &o : d.outcomes()) {
             if (o.verdict == od::Verdict::Done) continue;
             if (o.verdict != od::Verdict::Retry || !o.refund || !o.local_failure) return 13;
-            if (o.latency_ms >= 0) return 14;  // today's worker feeds the breaker otherwise
+            if (o.latency_ms >= 0) return 14; // today's worker feeds the breaker otherwise
             if (o.delay_ms < 500 || o.delay_ms > 1000) return 15;
             if (std::strstr(o.error, "local resource failure") == nullptr) return 16;
             local++;
@@ -748,8 +768,8 @@ TEST(LocalFailure, SubmitFailureIsRefundedNotDead) {
     d.begin_endpoints();
     d.add_endpoint(ep);
     d.end_endpoints();
-    ASSERT_TRUE(d.add(message(1, "ep", 3)));   // attempts == max_attempts
-    ASSERT_TRUE(d.add(message(2, "ep", 99)));  // beyond it
+    ASSERT_TRUE(d.add(message(1, "ep", 3)));  // attempts == max_attempts
+    ASSERT_TRUE(d.add(message(2, "ep", 99))); // beyond it
     d.pump(1700000000);
     EXPECT_EQ(d.queued(), 0u);
     EXPECT_EQ(d.in_flight(), 0u);
@@ -762,7 +782,9 @@ TEST(LocalFailure, SubmitFailureIsRefundedNotDead) {
         EXPECT_EQ(o.endpoint_tag, 3) << o.id;
         EXPECT_GE(o.delay_ms, 1000) << o.id;
         EXPECT_LE(o.delay_ms, 2000) << o.id;
-        EXPECT_EQ(std::string(o.error).rfind("not sent: local resource failure in the dispatcher (curl_multi_add_handle failed", 0), 0u)
+        EXPECT_EQ(std::string(o.error).rfind(
+                      "not sent: local resource failure in the dispatcher (curl_multi_add_handle failed", 0),
+                  0u)
             << o.error;
         EXPECT_NE(std::string(o.error).find("); attempt not counted"), std::string::npos) << o.error;
     }
@@ -805,7 +827,7 @@ TEST(Dispatcher, MaxTransfersCapsTransfersAcrossTheWorker) {
     for (const auto &o : d.outcomes()) EXPECT_EQ(o.verdict, od::Verdict::Done) << o.id << ": " << o.error;
     EXPECT_EQ(max_seen, 3u);
     EXPECT_LE(server.max_concurrent(), 3);
-    EXPECT_LE(server.connections(), 3);  // the pool never needed more
+    EXPECT_LE(server.connections(), 3); // the pool never needed more
     // FIFO within the endpoint: requests went out in id order
     auto reqs = server.requests();
     ASSERT_EQ(reqs.size(), 10u);
@@ -842,8 +864,7 @@ TEST(Dispatcher, MaxTransfersSharesPlacesBetweenEndpoints) {
     auto reqs = server.requests();
     ASSERT_EQ(reqs.size(), 8u);
     // one place, handed to each endpoint in turn
-    for (size_t i = 1; i < reqs.size(); i++)
-        EXPECT_NE(reqs[i].substr(0, 20), reqs[i - 1].substr(0, 20)) << i;
+    for (size_t i = 1; i < reqs.size(); i++) EXPECT_NE(reqs[i].substr(0, 20), reqs[i - 1].substr(0, 20)) << i;
 }
 
 TEST(Dispatcher, ZeroMaxTransfersIsUnlimited) {
@@ -885,7 +906,7 @@ TEST(Dispatcher, MaxTransfersShrinksTheKeepAlivePool) {
     for (int i = 1; i <= 8; i++) ASSERT_TRUE(d.add(message(i, "ok", 1)));
     drive(d, 8, 10000);
     ASSERT_EQ(d.outcomes().size(), 8u);
-    EXPECT_EQ(server.open_connections(), 8);  // all kept alive
+    EXPECT_EQ(server.open_connections(), 8); // all kept alive
 
     s.max_transfers = 2;
     d.set_settings(s);
@@ -901,7 +922,7 @@ TEST(Dispatcher, MaxTransfersShrinksTheKeepAlivePool) {
     while (server.open_connections() > 2 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_LE(server.open_connections(), 2);
-    EXPECT_EQ(server.connections(), 8);  // and no new ones were needed
+    EXPECT_EQ(server.connections(), 8); // and no new ones were needed
 }
 
 TEST(Dispatcher, PoolConnectionsGrowsTheKeepAlivePool) {
@@ -936,4 +957,4 @@ TEST(Dispatcher, PoolConnectionsGrowsTheKeepAlivePool) {
     }
 }
 
-}  // namespace
+} // namespace

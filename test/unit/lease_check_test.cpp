@@ -55,4 +55,4 @@ TEST(LeaseCheck, AClaimLowersTheCheckTimeNeverRaisesIt) {
     EXPECT_EQ(od::lower_lease_check(0, NOW), 0);
 }
 
-}  // namespace
+} // namespace

@@ -47,7 +47,7 @@ od::DeliveryResult transport(int code, const char *message) {
     return r;
 }
 
-const int64_t kNow = 1795980427;  // 2026-11-29T19:27:07Z
+const int64_t kNow = 1795980427; // 2026-11-29T19:27:07Z
 
 Outcome run(const od::DeliveryResult &r, const od::OutcomePolicy &p, int attempts, const std::string &body = "",
             uint64_t random64 = 0) {
@@ -90,8 +90,8 @@ TEST(Classify, RetryableStatusesRetry) {
 
 TEST(Classify, StatusIsRetryable) {
     for (long s : {408L, 425L, 429L, 500L, 501L, 503L, 550L, 599L}) EXPECT_TRUE(od::status_is_retryable(s)) << s;
-    for (long s : {-1L, 0L, 100L, 200L, 204L, 301L, 304L, 400L, 404L, 407L, 409L, 424L, 426L, 428L, 430L, 499L,
-                   600L, 999L})
+    for (long s :
+         {-1L, 0L, 100L, 200L, 204L, 301L, 304L, 400L, 404L, 407L, 409L, 424L, 426L, 428L, 430L, 499L, 600L, 999L})
         EXPECT_FALSE(od::status_is_retryable(s)) << s;
 }
 
@@ -126,17 +126,17 @@ TEST(Classify, RetryAfterIsClampedAndGarbageIgnored) {
     EXPECT_EQ(run(http(503, ""), 3, "", UINT64_MAX).delay_ms, 8000);
 
     od::OutcomePolicy p = policy();
-    p.max_retry_after_s = 0;  // Retry-After effectively disabled
+    p.max_retry_after_s = 0; // Retry-After effectively disabled
     EXPECT_EQ(run(http(503, "600"), p, 3, "", 0).delay_ms, 0);
-    p.max_retry_after_s = -1;  // nonsense treated like 0
+    p.max_retry_after_s = -1; // nonsense treated like 0
     EXPECT_EQ(run(http(503, "600"), p, 3, "", 0).delay_ms, 0);
-    p.max_retry_after_s = INT64_MAX;  // ms conversion saturates instead of overflowing
+    p.max_retry_after_s = INT64_MAX; // ms conversion saturates instead of overflowing
     EXPECT_EQ(run(http(503, "99999999999999999999"), p, 3, "", 0).delay_ms, INT64_MAX);
 }
 
 TEST(Classify, RetryAfterLengthIsHonoured) {
     od::DeliveryResult r = http(503, "120garbage");
-    r.retry_after_len = 3;  // not NUL-terminated at the value's end
+    r.retry_after_len = 3; // not NUL-terminated at the value's end
     EXPECT_EQ(run(r, 1, "", 0).delay_ms, 120000);
 }
 
@@ -184,7 +184,8 @@ TEST(Classify, TransportErrorsRetry) {
         const char *want;
     } cases[] = {
         {CURLE_OPERATION_TIMEDOUT, "Operation timed out", "timeout: Operation timed out"},
-        {CURLE_COULDNT_RESOLVE_HOST, "Could not resolve host: nx.example", "DNS error: Could not resolve host: nx.example"},
+        {CURLE_COULDNT_RESOLVE_HOST, "Could not resolve host: nx.example",
+         "DNS error: Could not resolve host: nx.example"},
         {CURLE_COULDNT_CONNECT, "Failed to connect to 127.0.0.1 port 9: Connection refused",
          "connect error: Failed to connect to 127.0.0.1 port 9: Connection refused"},
         {CURLE_PEER_FAILED_VERIFICATION, "SSL certificate problem: self-signed certificate",
@@ -222,7 +223,7 @@ TEST(Classify, TransportErrorWinsOverStatus) {
     EXPECT_EQ(run(r, 1).verdict, Verdict::Retry);
     r.http_status = 404;
     EXPECT_EQ(run(r, 1).verdict, Verdict::Retry);
-    r.http_status = 409;  // in the defer list, but no verdict from the endpoint
+    r.http_status = 409; // in the defer list, but no verdict from the endpoint
     EXPECT_EQ(run(r, 1).verdict, Verdict::Retry);
 }
 
@@ -264,7 +265,7 @@ TEST(Classify, LocalFailureIsARefundedRetry) {
     for (int attempts : {1, 5, 11, 12, 13, 1000, INT_MAX})
         for (uint64_t r : {0ULL, 1ULL << 63, ~0ULL}) {
             Outcome l = run(local(CURLE_COULDNT_CONNECT, EMFILE, nullptr), p, attempts, "", r);
-            EXPECT_EQ(l.verdict, Verdict::Retry) << attempts;  // never Dead, even past max_attempts
+            EXPECT_EQ(l.verdict, Verdict::Retry) << attempts; // never Dead, even past max_attempts
             EXPECT_TRUE(l.local_failure);
             EXPECT_GE(l.delay_ms, 500) << attempts;
             EXPECT_LE(l.delay_ms, 1000) << attempts;
@@ -276,9 +277,10 @@ TEST(Classify, LocalFailureIsARefundedRetry) {
 TEST(Classify, LocalFailureNamesTheResource) {
     EXPECT_STREQ(run(local(CURLE_COULDNT_CONNECT, ENFILE, "x"), 1).error,
                  "local resource failure in the dispatcher (Too many open files in system); attempt not counted: x");
-    EXPECT_EQ(std::string(run(local(CURLE_SEND_ERROR, ENOBUFS, nullptr), 1).error),
-              std::string("local resource failure in the dispatcher (No buffer space available); attempt not counted: ") +
-                  curl_easy_strerror(CURLE_SEND_ERROR));
+    EXPECT_EQ(
+        std::string(run(local(CURLE_SEND_ERROR, ENOBUFS, nullptr), 1).error),
+        std::string("local resource failure in the dispatcher (No buffer space available); attempt not counted: ") +
+            curl_easy_strerror(CURLE_SEND_ERROR));
     EXPECT_EQ(std::string(run(local(CURLE_RECV_ERROR, ENOMEM, "r"), 1).error),
               "local resource failure in the dispatcher (Cannot allocate memory); attempt not counted: r");
     EXPECT_EQ(std::string(run(local(CURLE_OUT_OF_MEMORY, 0, ""), 1).error),
@@ -299,14 +301,15 @@ TEST(Classify, LocalFlagWithoutTransportErrorIsIgnored) {
 }
 
 TEST(Classify, OtherOutcomesAreNotLocal) {
-    for (const od::DeliveryResult &r : {http(200), http(409), http(503), http(404), transport(CURLE_COULDNT_CONNECT, "x")})
+    for (const od::DeliveryResult &r :
+         {http(200), http(409), http(503), http(404), transport(CURLE_COULDNT_CONNECT, "x")})
         EXPECT_FALSE(run(r, 1).local_failure);
 }
 
 TEST(Jitter, LocalFailureDelay) {
     EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1000, 300000}, 0), 500);
     EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1000, 300000}, UINT64_MAX), 1000);
-    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1000, 400}, UINT64_MAX), 400);  // cap below base
+    EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1000, 400}, UINT64_MAX), 400); // cap below base
     EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1, 1}, 0), 0);
     EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{1, 1}, UINT64_MAX), 1);
     EXPECT_EQ(od::local_failure_delay_ms(od::BackoffPolicy{0, 1000}, UINT64_MAX), 0);
@@ -326,16 +329,16 @@ TEST(Classify, ExtremeSettingsDoNotOverflow) {
     p.max_retry_after_s = 86400;
     EXPECT_EQ(od::full_jitter_ms(1000, p.backoff, UINT64_MAX), INT_MAX);
     EXPECT_EQ(od::full_jitter_ms(1000, p.backoff, 0), 0);
-    EXPECT_EQ(od::full_jitter_ms(999, p.backoff, 1ULL << 63), INT_MAX / 2 + 1);  // floor(2^63 * 2^31 / 2^64)
+    EXPECT_EQ(od::full_jitter_ms(999, p.backoff, 1ULL << 63), INT_MAX / 2 + 1); // floor(2^63 * 2^31 / 2^64)
 
     Outcome o = run(http(503), p, 999, "", UINT64_MAX);
     EXPECT_EQ(o.verdict, Verdict::Retry);
     EXPECT_EQ(o.delay_ms, INT_MAX);
-    o = run(http(503, "99999999999999999999"), p, 999, "", 0);  // clamped to a day, not overflowed
+    o = run(http(503, "99999999999999999999"), p, 999, "", 0); // clamped to a day, not overflowed
     EXPECT_EQ(o.verdict, Verdict::Retry);
     EXPECT_EQ(o.delay_ms, 86400 * 1000);
     o = run(http(503, "99999999999999999999"), p, 999, "", UINT64_MAX);
-    EXPECT_EQ(o.delay_ms, INT_MAX);  // the jitter is longer than the clamped Retry-After
+    EXPECT_EQ(o.delay_ms, INT_MAX); // the jitter is longer than the clamped Retry-After
     o = run(http(503, "99999999999999999999"), p, 1000, "", UINT64_MAX);
     EXPECT_EQ(o.verdict, Verdict::Dead);
     EXPECT_STREQ(o.error, "HTTP 503 after 1000 attempts");
@@ -348,7 +351,7 @@ TEST(Classify, ExtremeSettingsDoNotOverflow) {
     EXPECT_EQ(o.verdict, Verdict::Retry);
     EXPECT_EQ(o.delay_ms, INT_MAX);
 
-    p.max_retry_after_s = INT64_MAX;  // even unclamped: saturates instead of wrapping
+    p.max_retry_after_s = INT64_MAX; // even unclamped: saturates instead of wrapping
     o = run(http(503, "99999999999999999999"), p, 999, "", UINT64_MAX);
     EXPECT_EQ(o.delay_ms, INT64_MAX);
     o = run(http(429, "99999999999999999999"), p, 1, "", 0);
@@ -372,9 +375,9 @@ TEST(Classify, DeferUsesRetryAfter) {
     EXPECT_EQ(run(http(409, "120")).delay_ms, 120000);
     EXPECT_EQ(run(http(409, "0")).delay_ms, 0);
     EXPECT_EQ(run(http(409, "Sun, 29 Nov 2026 19:28:37 GMT")).delay_ms, 90000);
-    EXPECT_EQ(run(http(409, "Sun, 06 Nov 1994 08:49:37 GMT")).delay_ms, 0);  // past: now
-    EXPECT_EQ(run(http(409, "86400")).delay_ms, 3600 * 1000);                // clamped
-    EXPECT_EQ(run(http(409, "bogus")).delay_ms, 30000);                      // defer_delay
+    EXPECT_EQ(run(http(409, "Sun, 06 Nov 1994 08:49:37 GMT")).delay_ms, 0); // past: now
+    EXPECT_EQ(run(http(409, "86400")).delay_ms, 3600 * 1000);               // clamped
+    EXPECT_EQ(run(http(409, "bogus")).delay_ms, 30000);                     // defer_delay
     EXPECT_EQ(run(http(409, "-3")).delay_ms, 30000);
 }
 
@@ -390,11 +393,11 @@ TEST(Classify, DeferListWinsOverOtherRules) {
     od::OutcomePolicy p = policy();
     p.defer_statuses = list;
     p.n_defer_statuses = 4;
-    EXPECT_EQ(run(http(503), p, 12).verdict, Verdict::Defer);  // retryable + exhausted
-    EXPECT_EQ(run(http(404), p, 1).verdict, Verdict::Defer);   // otherwise Dead
+    EXPECT_EQ(run(http(503), p, 12).verdict, Verdict::Defer); // retryable + exhausted
+    EXPECT_EQ(run(http(404), p, 1).verdict, Verdict::Defer);  // otherwise Dead
     EXPECT_EQ(run(http(302), p, 1).verdict, Verdict::Defer);
-    EXPECT_EQ(run(http(502), p, 1).verdict, Verdict::Retry);   // not listed
-    EXPECT_EQ(run(http(200), p, 1).verdict, Verdict::Done);    // 2xx is always delivered
+    EXPECT_EQ(run(http(502), p, 1).verdict, Verdict::Retry); // not listed
+    EXPECT_EQ(run(http(200), p, 1).verdict, Verdict::Done);  // 2xx is always delivered
 }
 
 TEST(Classify, NegativeDeferDelayIsZero) {
@@ -413,8 +416,8 @@ TEST(Classify, EmptyDeferList) {
 // -------------------------------------------------------------------- dead
 
 TEST(Classify, OtherStatusesAreDead) {
-    for (long s : {100L, 101L, 199L, 300L, 301L, 302L, 303L, 304L, 307L, 308L, 400L, 401L, 403L, 404L, 405L, 407L,
-                   410L, 413L, 422L, 424L, 426L, 451L, 499L}) {
+    for (long s : {100L, 101L, 199L, 300L, 301L, 302L, 303L, 304L, 307L, 308L, 400L, 401L,
+                   403L, 404L, 405L, 407L, 410L, 413L, 422L, 424L, 426L, 451L, 499L}) {
         Outcome o = run(http(s, "5"), 1, "nope");
         EXPECT_EQ(o.verdict, Verdict::Dead) << s;
         EXPECT_EQ(o.delay_ms, 0) << s;
@@ -426,7 +429,7 @@ TEST(Classify, DeadWithoutBody) {
     EXPECT_STREQ(run(http(404), 1).error, "HTTP 404");
     Outcome o = od::classify(http(404), policy(), 1, kNow, 0, nullptr, 0);
     EXPECT_STREQ(o.error, "HTTP 404");
-    o = od::classify(http(404), policy(), 1, kNow, 0, nullptr, 25);  // nullptr wins over a length
+    o = od::classify(http(404), policy(), 1, kNow, 0, nullptr, 25); // nullptr wins over a length
     EXPECT_STREQ(o.error, "HTTP 404");
 }
 
@@ -435,7 +438,10 @@ TEST(Classify, DeadWithoutBody) {
 TEST(ErrorText, ControlCharactersBecomeSingleSpaces) {
     std::string body("{\r\n  \"error\":\t\"bad\"\r\n}\n");
     EXPECT_STREQ(run(http(400), 1, body).error, "HTTP 400: { \"error\": \"bad\" }");
-    std::string nul("a\0b\x7f" "c\x1b[31md", 11);
+    std::string nul(
+        "a\0b\x7f"
+        "c\x1b[31md",
+        11);
     EXPECT_STREQ(run(http(400), 1, nul).error, "HTTP 400: a b c [31md");
 }
 
@@ -448,18 +454,17 @@ TEST(ErrorText, Utf8IsKeptInvalidBytesAreReplaced) {
     EXPECT_STREQ(run(http(400), 1, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80").error,
                  "HTTP 400: caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
     // Latin-1, a stray continuation byte, an overlong '/', a surrogate, a truncated sequence.
-    EXPECT_STREQ(run(http(400), 1, "caf\xe9 \x80 \xc0\xaf \xed\xa0\x80 \xe2\x82").error,
-                 "HTTP 400: caf? ? ?? ??? ??");
+    EXPECT_STREQ(run(http(400), 1, "caf\xe9 \x80 \xc0\xaf \xed\xa0\x80 \xe2\x82").error, "HTTP 400: caf? ? ?? ??? ??");
 }
 
 TEST(ErrorText, LongBodyIsTruncatedWithMarker) {
     Outcome o = run(http(400), 1, std::string(10000, 'a'));
     EXPECT_EQ(std::string(o.error), "HTTP 400: " + std::string(300, 'a') + "...");
 
-    o = run(http(400), 1, std::string(300, 'b'));  // exactly the limit: nothing left out
+    o = run(http(400), 1, std::string(300, 'b')); // exactly the limit: nothing left out
     EXPECT_EQ(std::string(o.error), "HTTP 400: " + std::string(300, 'b'));
 
-    o = run(http(400), 1, std::string(300, 'b') + "  \r\n");  // only trailing whitespace left out
+    o = run(http(400), 1, std::string(300, 'b') + "  \r\n"); // only trailing whitespace left out
     EXPECT_EQ(std::string(o.error), "HTTP 400: " + std::string(300, 'b'));
 
     o = run(http(400), 1, std::string(301, 'c'));
@@ -471,7 +476,7 @@ TEST(ErrorText, TruncationNeverSplitsACharacter) {
     for (int i = 0; i < 400; i++) e += "\xc3\xa9";
     std::string pre;
     for (int i = 0; i < 149; i++) pre += "\xc3\xa9";
-    Outcome o = run(http(400), 1, "x" + e);  // "x" + 149 * 2 bytes = 299 bytes; the next would be 301
+    Outcome o = run(http(400), 1, "x" + e); // "x" + 149 * 2 bytes = 299 bytes; the next would be 301
     EXPECT_EQ(std::string(o.error), "HTTP 400: x" + pre + "...");
 }
 
@@ -484,9 +489,8 @@ TEST(ErrorText, LongCurlMessageIsTruncated) {
 TEST(ErrorText, AlwaysFitsAndIsTerminated) {
     std::string body(100000, 'z');
     std::string m(100000, 'q');
-    const od::DeliveryResult results[] = {http(200),     http(301),    http(404),
-                                          http(409),     http(503),    http(0),
-                                          transport(CURLE_URL_MALFORMAT, m.c_str())};
+    const od::DeliveryResult results[] = {
+        http(200), http(301), http(404), http(409), http(503), http(0), transport(CURLE_URL_MALFORMAT, m.c_str())};
     for (const auto &r : results)
         for (int attempts : {1, 12, INT_MAX}) {
             Outcome o = run(r, attempts, body);
@@ -509,13 +513,13 @@ TEST(Jitter, BoundsComeFromRandomExtremes) {
     EXPECT_EQ(od::full_jitter_ms(1, b, UINT64_MAX), 200);
     EXPECT_EQ(od::full_jitter_ms(3, b, UINT64_MAX), 800);
     EXPECT_EQ(od::full_jitter_ms(6, b, UINT64_MAX), 6400);
-    EXPECT_EQ(od::full_jitter_ms(7, b, UINT64_MAX), 10000);  // 12800 capped
+    EXPECT_EQ(od::full_jitter_ms(7, b, UINT64_MAX), 10000); // 12800 capped
     EXPECT_EQ(od::full_jitter_ms(7, b, 0), 0);
 }
 
 TEST(Jitter, MidpointAndMonotonic) {
     od::BackoffPolicy b{100, 10000};
-    EXPECT_EQ(od::full_jitter_ms(0, b, 1ULL << 63), 50);  // floor(2^63 * 101 / 2^64)
+    EXPECT_EQ(od::full_jitter_ms(0, b, 1ULL << 63), 50); // floor(2^63 * 101 / 2^64)
     int64_t prev = -1;
     for (uint64_t r = 0; r < 64; r++) {
         int64_t j = od::full_jitter_ms(4, b, r << 58);
@@ -531,7 +535,7 @@ TEST(Jitter, EveryValueInRangeIsReachable) {
     // ceiling 8: 9 equal buckets of random64, each mapping to one delay.
     bool seen[9] = {};
     for (uint64_t i = 0; i < 9; i++) {
-        uint64_t r = (UINT64_MAX / 9) * i + UINT64_MAX / 18;  // middle of bucket i
+        uint64_t r = (UINT64_MAX / 9) * i + UINT64_MAX / 18; // middle of bucket i
         int64_t j = od::full_jitter_ms(3, b, r);
         ASSERT_GE(j, 0);
         ASSERT_LE(j, 8);
@@ -559,7 +563,7 @@ TEST(Jitter, DegeneratePolicies) {
     EXPECT_EQ(od::full_jitter_ms(3, od::BackoffPolicy{1000, 0}, UINT64_MAX), 0);
     EXPECT_EQ(od::full_jitter_ms(3, od::BackoffPolicy{-5, 1000}, UINT64_MAX), 0);
     EXPECT_EQ(od::full_jitter_ms(-4, od::BackoffPolicy{100, 1000}, UINT64_MAX), 100);  // as attempts 0
-    EXPECT_EQ(od::full_jitter_ms(0, od::BackoffPolicy{5000, 1000}, UINT64_MAX), 1000);  // cap below base
+    EXPECT_EQ(od::full_jitter_ms(0, od::BackoffPolicy{5000, 1000}, UINT64_MAX), 1000); // cap below base
 }
 
 // ------------------------------------------------------------- Retry-After
@@ -590,18 +594,18 @@ TEST(RetryAfter, HugeSecondsSaturate) {
 
 TEST(RetryAfter, RejectsNegativeFractionalAndGarbage) {
     int64_t d = 77;
-    for (const char *v : {"", " ", "\t", "-1", "-0", "+5", "1.5", "1,5", "1e3", "12abc", "abc", "0x10", "1 2",
-                          "5s", "\xef\xbc\x95", "Sun", "now"}) {
+    for (const char *v : {"", " ", "\t", "-1", "-0", "+5", "1.5", "1,5", "1e3", "12abc", "abc", "0x10", "1 2", "5s",
+                          "\xef\xbc\x95", "Sun", "now"}) {
         EXPECT_FALSE(retry_after(v, kNow, &d)) << v;
-        EXPECT_EQ(d, 77) << v;  // untouched on failure
+        EXPECT_EQ(d, 77) << v; // untouched on failure
     }
     EXPECT_FALSE(od::parse_retry_after(nullptr, 0, kNow, &d));
-    EXPECT_FALSE(od::parse_retry_after("12", 0, kNow, &d));  // empty by length
+    EXPECT_FALSE(od::parse_retry_after("12", 0, kNow, &d)); // empty by length
     EXPECT_FALSE(retry_after(std::string("1\0", 2), kNow, &d));
 }
 
 TEST(RetryAfter, HttpDatesAllThreeForms) {
-    const int64_t t = 784111777;  // 1994-11-06T08:49:37Z
+    const int64_t t = 784111777; // 1994-11-06T08:49:37Z
     int64_t d = -1;
     EXPECT_TRUE(retry_after("Sun, 06 Nov 1994 08:49:37 GMT", t - 60, &d));
     EXPECT_EQ(d, 60);
@@ -643,12 +647,12 @@ TEST(RetryAfter, DateArithmetic) {
     EXPECT_EQ(d, 946684800);
     EXPECT_TRUE(retry_after("Thu, 29 Feb 2024 12:00:00 GMT", 0, &d));
     EXPECT_EQ(d, 1709208000);
-    EXPECT_TRUE(retry_after("Tue, 29 Feb 2000 00:00:00 GMT", 0, &d));  // 2000 is a leap year
+    EXPECT_TRUE(retry_after("Tue, 29 Feb 2000 00:00:00 GMT", 0, &d)); // 2000 is a leap year
     EXPECT_EQ(d, 951782400);
     // Before 1970: Apollo 11 landing, 1969-07-20T20:17:40Z = -14182940.
     EXPECT_TRUE(retry_after("Sun, 20 Jul 1969 20:17:40 GMT", -14182950, &d));
     EXPECT_EQ(d, 10);
-    EXPECT_TRUE(retry_after("Wed, 31 Dec 2025 23:59:60 GMT", 0, &d));  // leap second tolerated
+    EXPECT_TRUE(retry_after("Wed, 31 Dec 2025 23:59:60 GMT", 0, &d)); // leap second tolerated
     EXPECT_EQ(d, 1767225600);
 }
 
@@ -667,7 +671,7 @@ TEST(RetryAfter, ImfFixdateRoundTrip) {
 }
 
 TEST(RetryAfter, Rfc850TwoDigitYears) {
-    const int64_t y2026 = 1767225600;  // 2026-01-01T00:00:00Z
+    const int64_t y2026 = 1767225600; // 2026-01-01T00:00:00Z
     int64_t d = -1;
     // 2076 is 50 years ahead: taken as 2076.
     EXPECT_TRUE(retry_after("Wednesday, 01-Jan-76 00:00:00 GMT", y2026, &d));
@@ -685,30 +689,16 @@ TEST(RetryAfter, Rfc850TwoDigitYears) {
 TEST(RetryAfter, RejectsMalformedDates) {
     int64_t d = 77;
     for (const char *v : {
-             "Sun, 31 Feb 1994 08:49:37 GMT",   // no such day
-             "Mon, 29 Feb 1900 08:49:37 GMT",   // 1900 is not a leap year
-             "Wed, 29 Feb 2023 08:49:37 GMT",   // nor is 2023
-             "Sun, 00 Nov 1994 08:49:37 GMT",
-             "Sun, 06 Nov 1994 24:00:00 GMT",
-             "Sun, 06 Nov 1994 08:60:37 GMT",
-             "Sun, 06 Nov 1994 08:49:61 GMT",
-             "Sun, 06 Nov 1994 08:49:37 UTC",
-             "Sun, 06 Nov 1994 08:49:37",
-             "Sun, 06 Nov 1994 08:49:37 GMT x",
-             "Sun, 6 Nov 1994 08:49:37 GMT",
-             "Sun, 06 Nov 94 08:49:37 GMT",
-             "Sun, 06 Abc 1994 08:49:37 GMT",
-             "Fun, 06 Nov 1994 08:49:37 GMT",
-             "Sun 06 Nov 1994 08:49:37 GMT",
-             "Sun,  06 Nov 1994 08:49:37 GMT",
-             "Sun, 06 Nov 1994 8:49:37 GMT",
-             "Sunday, 06-Nov-1994 08:49:37 GMT",
-             "Sun, 06-Nov-94 08:49:37 GMT",
-             "Sunday, 06 Nov 1994 08:49:37 GMT",
-             "Sun Nov 6 08:49:37 1994",
-             "Sun Nov  6 08:49:37 94",
-             "Sun Nov  6 08:49:37 1994 GMT",
-             "1994-11-06T08:49:37Z",
+             "Sun, 31 Feb 1994 08:49:37 GMT", // no such day
+             "Mon, 29 Feb 1900 08:49:37 GMT", // 1900 is not a leap year
+             "Wed, 29 Feb 2023 08:49:37 GMT", // nor is 2023
+             "Sun, 00 Nov 1994 08:49:37 GMT",   "Sun, 06 Nov 1994 24:00:00 GMT",    "Sun, 06 Nov 1994 08:60:37 GMT",
+             "Sun, 06 Nov 1994 08:49:61 GMT",   "Sun, 06 Nov 1994 08:49:37 UTC",    "Sun, 06 Nov 1994 08:49:37",
+             "Sun, 06 Nov 1994 08:49:37 GMT x", "Sun, 6 Nov 1994 08:49:37 GMT",     "Sun, 06 Nov 94 08:49:37 GMT",
+             "Sun, 06 Abc 1994 08:49:37 GMT",   "Fun, 06 Nov 1994 08:49:37 GMT",    "Sun 06 Nov 1994 08:49:37 GMT",
+             "Sun,  06 Nov 1994 08:49:37 GMT",  "Sun, 06 Nov 1994 8:49:37 GMT",     "Sunday, 06-Nov-1994 08:49:37 GMT",
+             "Sun, 06-Nov-94 08:49:37 GMT",     "Sunday, 06 Nov 1994 08:49:37 GMT", "Sun Nov 6 08:49:37 1994",
+             "Sun Nov  6 08:49:37 94",          "Sun Nov  6 08:49:37 1994 GMT",     "1994-11-06T08:49:37Z",
          }) {
         EXPECT_FALSE(retry_after(v, 0, &d)) << v;
         EXPECT_EQ(d, 77) << v;
@@ -721,7 +711,7 @@ TEST(RetryAfter, NamesAreCaseInsensitive) {
     EXPECT_EQ(d, 3);
 }
 
-}  // namespace
+} // namespace
 
 TEST(Verdict, NamesAreWhatTheFinalizeStatementReads) {
     // the finalize maps these names to statuses (transitions.cpp SQL_FINALIZE)

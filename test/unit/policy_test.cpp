@@ -47,8 +47,7 @@ TEST(Policy, TwoHundredsAreSuccesses) {
 }
 
 TEST(Policy, RetryableAnswersAreFailures) {
-    for (long s : {408L, 425L, 429L, 500L, 502L, 503L, 599L})
-        EXPECT_EQ(signal_of(s), EndpointSignal::Failure) << s;
+    for (long s : {408L, 425L, 429L, 500L, 502L, 503L, 599L}) EXPECT_EQ(signal_of(s), EndpointSignal::Failure) << s;
     // and still when the attempts ran out on a 5xx or a transport error (dead)
     EXPECT_EQ(signal_of(503, 3), EndpointSignal::Failure);
     EXPECT_EQ(signal_of(0, 1, CURLE_COULDNT_CONNECT), EndpointSignal::Failure);
@@ -56,9 +55,8 @@ TEST(Policy, RetryableAnswersAreFailures) {
 }
 
 TEST(Policy, OtherDeadAnswersAndDefersAreNeutral) {
-    for (long s : {301L, 400L, 401L, 404L, 410L, 422L})
-        EXPECT_EQ(signal_of(s), EndpointSignal::Neutral) << s;
-    EXPECT_EQ(signal_of(409), EndpointSignal::Neutral);  // a defer status of this endpoint
+    for (long s : {301L, 400L, 401L, 404L, 410L, 422L}) EXPECT_EQ(signal_of(s), EndpointSignal::Neutral) << s;
+    EXPECT_EQ(signal_of(409), EndpointSignal::Neutral); // a defer status of this endpoint
 }
 
 TEST(Policy, ExhaustedRetryableFourHundredsStayNeutral) {
@@ -71,8 +69,7 @@ TEST(Policy, ExhaustedRetryableFourHundredsStayNeutral) {
 
 TEST(Policy, GoneDisablesTheEndpointAndPutsTheMessageBack) {
     EXPECT_TRUE(od::answer_disables_endpoint(410));
-    for (long s : {0L, 200L, 404L, 409L, 451L, 500L})
-        EXPECT_FALSE(od::answer_disables_endpoint(s)) << s;
+    for (long s : {0L, 200L, 404L, 409L, 451L, 500L}) EXPECT_FALSE(od::answer_disables_endpoint(s)) << s;
     od::GoneFinalize g = od::finalize_after_gone(30000);
     EXPECT_EQ(g.verdict, Verdict::Retry);
     EXPECT_EQ(g.delay_ms, 30000);
@@ -80,4 +77,4 @@ TEST(Policy, GoneDisablesTheEndpointAndPutsTheMessageBack) {
     EXPECT_STREQ(g.error, "HTTP 410 Gone: the endpoint was disabled");
 }
 
-}  // namespace
+} // namespace

@@ -18,8 +18,7 @@ TEST(RequestHeaders, ContractOrderWithoutSecret) {
     std::vector<std::string> out;
     const std::string body = R"({"n": 1})";
     ASSERT_TRUE(od::build_request_headers(head(), "/postgresql/app/outbox", {"Authorization: Bearer t"},
-                                          {"X-Tenant: acme"}, nullptr, 0, 1795980500, body.data(), body.size(),
-                                          out));
+                                          {"X-Tenant: acme"}, nullptr, 0, 1795980500, body.data(), body.size(), out));
     std::vector<std::string> want = {
         "Content-Type: application/json",
         "Idempotency-Key: 42",
@@ -38,18 +37,18 @@ TEST(RequestHeaders, ContractOrderWithoutSecret) {
 
 TEST(RequestHeaders, EndpointHeadersWinOverMessageHeaders) {
     std::vector<std::string> out;
-    ASSERT_TRUE(od::build_request_headers(head(), "/s", {"Authorization: Bearer t", "X-Tenant: acme"},
-                                          {"authorization: Bearer forged", "X-Trace: 1", "X-TENANT: other",
-                                           "X-Tenant-Id: 5", "X-Tenan: 6"},
-                                          nullptr, 0, 1795980500, "{}", 2, out));
+    ASSERT_TRUE(od::build_request_headers(
+        head(), "/s", {"Authorization: Bearer t", "X-Tenant: acme"},
+        {"authorization: Bearer forged", "X-Trace: 1", "X-TENANT: other", "X-Tenant-Id: 5", "X-Tenan: 6"}, nullptr, 0,
+        1795980500, "{}", 2, out));
     ASSERT_EQ(out.size(), 14u);
     std::vector<std::string> tail(out.begin() + 9, out.end());
     std::vector<std::string> want = {
         "Authorization: Bearer t",
         "X-Tenant: acme",
-        "X-Trace: 1",       // names of their own are kept, in order
-        "X-Tenant-Id: 5",   // a longer name is another name
-        "X-Tenan: 6",       // so is a shorter one
+        "X-Trace: 1",     // names of their own are kept, in order
+        "X-Tenant-Id: 5", // a longer name is another name
+        "X-Tenan: 6",     // so is a shorter one
     };
     EXPECT_EQ(tail, want);
 }
@@ -76,8 +75,8 @@ TEST(RequestHeaders, SignedOverTheExactBody) {
     EXPECT_EQ(out[9], "webhook-id: 42");
     EXPECT_EQ(out[10], "webhook-timestamp: 1795980500");
     char sig[od::kSignatureSize];
-    ASSERT_TRUE(od::webhook_signature(key, static_cast<size_t>(keylen), "42", 2, 1795980500, body.data(),
-                                      body.size(), sig));
+    ASSERT_TRUE(
+        od::webhook_signature(key, static_cast<size_t>(keylen), "42", 2, 1795980500, body.data(), body.size(), sig));
     EXPECT_EQ(out[11], std::string("webhook-signature: ") + sig);
     // a different body gives a different signature
     std::vector<std::string> other;
@@ -87,4 +86,4 @@ TEST(RequestHeaders, SignedOverTheExactBody) {
     EXPECT_NE(other[11], out[11]);
 }
 
-}  // namespace
+} // namespace

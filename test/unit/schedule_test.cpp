@@ -48,9 +48,9 @@ TEST(Schedule, EveryReasonToClaim) {
     EXPECT_EQ(od::claim_now(c), 0);
 
     c = quiet();
-    c.places_released = true;   // a request finished ...
+    c.places_released = true; // a request finished ...
     EXPECT_EQ(od::claim_now(c), 0);
-    c.claim_quota_full = true;  // ... while the quotas had no place left
+    c.claim_quota_full = true; // ... while the quotas had no place left
     EXPECT_EQ(od::claim_now(c), 100);
 }
 
@@ -110,8 +110,8 @@ TEST(Schedule, ResultsWaitForTheNextClaimUnlessNoneCanCome) {
     c.results = 1;
     c.in_flight = 0;
     c.oldest_result = NOW;
-    EXPECT_FALSE(od::finalize_now(c));     // a claim may come and take them along
-    c.active = false;                      // paused or stopping: none will
+    EXPECT_FALSE(od::finalize_now(c)); // a claim may come and take them along
+    c.active = false;                  // paused or stopping: none will
     EXPECT_TRUE(od::finalize_now(c));
 }
 
@@ -133,7 +133,7 @@ TEST(Schedule, RefreshWhenDueOrWokenWhileNotInstalled) {
 
     c = quiet();
     c.woken = true;
-    EXPECT_FALSE(od::refresh_now(c));      // installed: a wake is a commit, not CREATE EXTENSION
+    EXPECT_FALSE(od::refresh_now(c)); // installed: a wake is a commit, not CREATE EXTENSION
     c.installed = false;
     EXPECT_TRUE(od::refresh_now(c));
     c.backoff_until = NOW + 1;
@@ -143,8 +143,8 @@ TEST(Schedule, RefreshWhenDueOrWokenWhileNotInstalled) {
 TEST(Schedule, RefreshOnAnnouncedChangeNotWhileBackingOff) {
     od::WorkerCycle c = quiet();
     c.endpoints_changed = true;
-    EXPECT_TRUE(od::refresh_now(c));       // long before next_refresh
-    EXPECT_EQ(od::next_wakeup(c), NOW);    // and no sleep before it
+    EXPECT_TRUE(od::refresh_now(c));    // long before next_refresh
+    EXPECT_EQ(od::next_wakeup(c), NOW); // and no sleep before it
     c.backoff_until = NOW + 1;
     EXPECT_FALSE(od::refresh_now(c));
 }
@@ -153,7 +153,7 @@ TEST(Schedule, RefreshPeriodIsTheSafetyPollWhereChangesAreAnnounced) {
     const int64_t poll = 1 * S;
     EXPECT_EQ(od::refresh_period_us(false, poll), poll);
     EXPECT_EQ(od::refresh_period_us(true, poll), od::kEndpointSafetyPollUs);
-    EXPECT_EQ(od::refresh_period_us(true, 120 * S), 120 * S);   // never more often than poll_interval
+    EXPECT_EQ(od::refresh_period_us(true, 120 * S), 120 * S); // never more often than poll_interval
 }
 
 TEST(Schedule, PurgeOnlyOnThePurgingWorkerWhenDue) {
@@ -201,9 +201,9 @@ TEST(Schedule, WithoutRoomThePollAndQuotaDoNotWake) {
     c.next_poll = NOW + 10 * MS;
     c.next_quota = NOW + 20 * MS;
     c.next_refresh = NOW + 1 * S;
-    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);  // the engine's sockets wake it when requests finish
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S); // the engine's sockets wake it when requests finish
     c.held = 0;
-    c.active = false;                             // paused: only the reload
+    c.active = false; // paused: only the reload
     EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);
 }
 
@@ -236,4 +236,4 @@ TEST(Schedule, WaitRoundsUpAndSaturates) {
     EXPECT_EQ(od::wait_ms(0, INT64_MAX), 0x7fffffffL);
 }
 
-}  // namespace
+} // namespace

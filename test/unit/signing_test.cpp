@@ -71,9 +71,9 @@ TEST(Secret, RejectsMalformedSecrets) {
     EXPECT_EQ(decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", key, sizeof key), -1);        // no prefix
     EXPECT_EQ(decode("WHSEC_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", key, sizeof key), -1);  // prefix is case-sensitive
     EXPECT_EQ(decode("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLa!w", key, sizeof key), -1);  // not base64
-    EXPECT_EQ(decode("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwA", key, sizeof key), -1);  // 4n+1 characters
+    EXPECT_EQ(decode("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwA", key, sizeof key), -1); // 4n+1 characters
     EXPECT_EQ(decode("whsec_MDEyMzQ1Njc4OWFiY2Rl", key, sizeof key), -1);              // 15 bytes: too short
-    EXPECT_EQ(decode("whsec_" + std::string(344, 'A'), key, sizeof key), -1);         // 258 bytes: too long
+    EXPECT_EQ(decode("whsec_" + std::string(344, 'A'), key, sizeof key), -1);          // 258 bytes: too long
     EXPECT_EQ(decode("whsec_" + std::string(4000, 'A'), key, sizeof key), -1);         // far too long
     EXPECT_EQ(od::decode_webhook_secret(nullptr, 10, key, sizeof key), -1);
     EXPECT_EQ(od::decode_webhook_secret("whsec_MDEyMzQ1Njc4OWFiY2RlZg==", 30, nullptr, 64), -1);
@@ -94,7 +94,7 @@ TEST(Secret, RespectsKeyCapacity) {
     unsigned char key[32];
     std::memset(key, 0xee, sizeof key);
     EXPECT_EQ(decode("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", key, 23), -1);
-    for (unsigned char b : key) EXPECT_EQ(b, 0xee);  // nothing written when it does not fit
+    for (unsigned char b : key) EXPECT_EQ(b, 0xee); // nothing written when it does not fit
     EXPECT_EQ(decode("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", key, 24), 24);
     EXPECT_EQ(key[24], 0xee);
 }
@@ -110,16 +110,16 @@ TEST(Signature, StandardWebhooksTestVector) {
     unsigned char key[64];
     long n = decode("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", key, sizeof key);
     ASSERT_EQ(n, 24);
-    EXPECT_EQ(sign(key, static_cast<std::size_t>(n), "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330,
-                   "{\"test\": 2432232314}"),
-              "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    EXPECT_EQ(
+        sign(key, static_cast<std::size_t>(n), "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, "{\"test\": 2432232314}"),
+        "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
 }
 
 TEST(Signature, MoreVectors) {
     // Expected values computed with Python 3.11 when this test was written:
     //   "v1," + base64.b64encode(hmac.new(key, f"{id}.{ts}.".encode() + body, hashlib.sha256).digest())
     unsigned char k32[32];
-    for (int i = 0; i < 32; i++) k32[i] = static_cast<unsigned char>(i);  // bytes(range(32))
+    for (int i = 0; i < 32; i++) k32[i] = static_cast<unsigned char>(i); // bytes(range(32))
     EXPECT_EQ(sign(k32, 32, "evt_1", -5, std::string("a\0b", 3)), "v1,tqo2iZCqlU1xRteQVgJULz7YOtipEEL1VrIFUyjvUi4=");
     EXPECT_EQ(sign(k32, 32, "", INT64_MAX, ""), "v1,sL6TeP4S+tqxoD02Xr39Ep9IflZordgIb3I75fO2s2U=");
     EXPECT_EQ(sign(k32, 32, "id", INT64_MIN, "{}"), "v1,gI3Xv6mo+efwvRX+yNDO9sk1tGBf/Y2htPz2FgD6xNk=");
@@ -158,7 +158,7 @@ TEST(Signature, EveryInputMatters) {
     EXPECT_NE(sign(key, 16, "msg_1", 1000, "{ }"), base);
     // The separators are part of the message: "a.1" + "0.x" differs from "a.10" + ".x".
     EXPECT_NE(sign(key, 16, "msg_1.1", 0, "{}"), sign(key, 16, "msg_1", 10, "{}"));
-    EXPECT_EQ(sign(key, 16, "msg_1", 1000, "{}"), base);  // deterministic
+    EXPECT_EQ(sign(key, 16, "msg_1", 1000, "{}"), base); // deterministic
 }
 
 TEST(Signature, NullBodyWithZeroLength) {
@@ -173,7 +173,7 @@ TEST(Signature, NullBodyWithZeroLength) {
 TEST(Rfc3339, KnownInstants) {
     EXPECT_EQ(rfc3339(0), "1970-01-01T00:00:00.000000Z");
     EXPECT_EQ(rfc3339(1), "1970-01-01T00:00:00.000001Z");
-    EXPECT_EQ(rfc3339(1795980427801584), "2026-11-29T19:27:07.801584Z");  // the header's example
+    EXPECT_EQ(rfc3339(1795980427801584), "2026-11-29T19:27:07.801584Z"); // the header's example
     EXPECT_EQ(rfc3339(951782400000123), "2000-02-29T00:00:00.000123Z");
     EXPECT_EQ(rfc3339(INT64_C(1709208000) * 1000000 + 999999), "2024-02-29T12:00:00.999999Z");
     EXPECT_EQ(rfc3339(INT64_C(4102444799) * 1000000), "2099-12-31T23:59:59.000000Z");
@@ -215,4 +215,4 @@ TEST(Rfc3339, AgreesWithGmtime) {
     }
 }
 
-}  // namespace
+} // namespace

@@ -8,11 +8,21 @@
 
 namespace {
 
-const char *url(const std::string &s) { return od::check_url(s.data(), s.size()); }
-const char *hname(const std::string &s) { return od::check_header_name(s.data(), s.size()); }
-const char *hvalue(const std::string &s) { return od::check_header_value(s.data(), s.size()); }
-const char *secret(const std::string &s) { return od::check_signing_secret(s.data(), s.size()); }
-bool reserved(const std::string &s) { return od::header_name_is_reserved(s.data(), s.size()); }
+const char *url(const std::string &s) {
+    return od::check_url(s.data(), s.size());
+}
+const char *hname(const std::string &s) {
+    return od::check_header_name(s.data(), s.size());
+}
+const char *hvalue(const std::string &s) {
+    return od::check_header_value(s.data(), s.size());
+}
+const char *secret(const std::string &s) {
+    return od::check_signing_secret(s.data(), s.size());
+}
+bool reserved(const std::string &s) {
+    return od::header_name_is_reserved(s.data(), s.size());
+}
 
 TEST(Url, AcceptsHttpAndHttps) {
     EXPECT_EQ(url("http://example.com"), nullptr);
@@ -46,7 +56,7 @@ TEST(Url, RejectsWhitespaceAndControlCharacters) {
 TEST(Url, RejectsUserinfoFragmentsAndBadAuthorities) {
     EXPECT_STREQ(url("http://user:pw@example.com/"),
                  "must not contain user information (put credentials in the endpoint's headers)");
-    EXPECT_EQ(url("http://example.com/a@b"), nullptr);  // '@' in the path is fine
+    EXPECT_EQ(url("http://example.com/a@b"), nullptr); // '@' in the path is fine
     EXPECT_STREQ(url("http://example.com/a#frag"), "must not contain a fragment");
     EXPECT_STREQ(url("http:///path"), "has no host");
     EXPECT_STREQ(url("http://:80/"), "has no host");
@@ -72,7 +82,7 @@ TEST(Url, PercentEncodedHost) {
     EXPECT_STREQ(url("http://a%2/"), "has an invalid percent-encoding in its host");
     EXPECT_STREQ(url("http://a%zz/"), "has an invalid percent-encoding in its host");
     EXPECT_STREQ(url("http://a%/"), "has an invalid percent-encoding in its host");
-    EXPECT_EQ(url("http://host/path%0d%0a"), nullptr);  // the path is sent as is, never decoded
+    EXPECT_EQ(url("http://host/path%0d%0a"), nullptr); // the path is sent as is, never decoded
 }
 
 TEST(Url, LengthLimit) {
@@ -133,13 +143,13 @@ TEST(HeaderValue, IsBlank) {
     EXPECT_TRUE(od::is_blank(" ", 1));
     EXPECT_TRUE(od::is_blank("\t", 1));
     EXPECT_TRUE(od::is_blank(" \t  \t", 5));
-    EXPECT_TRUE(od::is_blank("  x", 2));  // only len bytes count
+    EXPECT_TRUE(od::is_blank("  x", 2)); // only len bytes count
     EXPECT_FALSE(od::is_blank("x", 1));
     EXPECT_FALSE(od::is_blank(" x ", 3));
-    EXPECT_FALSE(od::is_blank("\r\n", 2));  // other whitespace is not blank (and is rejected anyway)
+    EXPECT_FALSE(od::is_blank("\r\n", 2)); // other whitespace is not blank (and is rejected anyway)
     EXPECT_FALSE(od::is_blank("\v", 1));
     EXPECT_FALSE(od::is_blank(std::string(" \0", 2).data(), 2));
-    EXPECT_FALSE(od::is_blank("\xc2\xa0", 2));  // U+00A0 is a value byte sequence, not blank
+    EXPECT_FALSE(od::is_blank("\xc2\xa0", 2)); // U+00A0 is a value byte sequence, not blank
 }
 
 TEST(HeaderValue, BlankValuesAreRejected) {
@@ -206,9 +216,9 @@ TEST(RedactUrl, LengthIsHonoured) {
     const std::string u = "https://user:pw@host/xyz";
     char buf[64];
     // only the first len bytes are the URL, no NUL needed
-    EXPECT_EQ(od::redact_url(u.data(), 19, buf, sizeof buf), 15u);  // "https://user:pw@hos"
+    EXPECT_EQ(od::redact_url(u.data(), 19, buf, sizeof buf), 15u); // "https://user:pw@hos"
     EXPECT_STREQ(buf, "https://***@hos");
-    EXPECT_EQ(od::redact_url(u.data(), 14, buf, sizeof buf), 14u);  // "https://user:p": no '@' yet
+    EXPECT_EQ(od::redact_url(u.data(), 14, buf, sizeof buf), 14u); // "https://user:p": no '@' yet
     EXPECT_STREQ(buf, "https://user:p");
     EXPECT_EQ(od::redact_url(nullptr, 5, buf, sizeof buf), 0u);
     EXPECT_STREQ(buf, "");
@@ -216,7 +226,7 @@ TEST(RedactUrl, LengthIsHonoured) {
 
 TEST(RedactUrl, TruncationNeverShowsTheUserinfo) {
     const std::string u = "https://user:secret@host/x";
-    EXPECT_EQ(redact(u, 19), "https://***@host/x");  // exactly fits
+    EXPECT_EQ(redact(u, 19), "https://***@host/x"); // exactly fits
     EXPECT_EQ(redact(u, 18), "https://***@host/");
     EXPECT_EQ(redact(u, 12), "https://***");
     EXPECT_EQ(redact(u, 10), "https://*");
@@ -255,7 +265,7 @@ TEST(Base64, KnownVectorsAndErrors) {
     n = od::base64_encode(reinterpret_cast<const unsigned char *>("fo"), 2, enc);
     EXPECT_EQ(std::string(enc, n), "Zm8=");
     unsigned char out[16];
-    EXPECT_EQ(od::base64_decode("Zm8", 3, out), 2);  // padding optional
+    EXPECT_EQ(od::base64_decode("Zm8", 3, out), 2); // padding optional
     EXPECT_EQ(od::base64_decode("Z", 1, out), -1);
     EXPECT_EQ(od::base64_decode("Zm9v!", 5, out), -1);
 }
@@ -269,4 +279,4 @@ TEST(SigningSecret, StandardWebhooksFormat) {
     EXPECT_NE(secret("whsec_" + std::string(400, 'A')), nullptr);
 }
 
-}  // namespace
+} // namespace
