@@ -46,7 +46,7 @@ extern char *od_installed_version(void);
  * An error for SQL functions of a schema this library does not serve:
  * "function X of extension version V is not served by library L".
  */
-extern void  od_schema_unserved_error(const char *function, const char *extversion) pg_attribute_noreturn();
+[[noreturn]] extern void od_schema_unserved_error(const char *function, const char *extversion);
 
 /*
  * Stored headers (a jsonb object of strings, validated on write, in

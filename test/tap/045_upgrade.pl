@@ -22,6 +22,8 @@
 #     everything that waited, without a restart; a 410 disables the endpoint
 #     and puts the message back; resume_endpoint() of a disabled endpoint
 #     delivers its messages; breaker_threshold 2 opens after 2 failures;
+#     the library checks 0.2.2's ranges itself (its messages), and reports a
+#     missing value without quoting the row;
 #   - UPDATE to 0.3.0 while an SQL claim holds a lease: the ranges are
 #     domains with named constraints, endpoints_changed is in place, the
 #     trigger, pause_endpoint and resume_endpoint are the library's; the
@@ -203,9 +205,17 @@ ok(poll_until($node, q{SELECT state, consecutive_failures FROM outbox.endpoint_h
 	'0.2.2: breaker_threshold 2: the breaker opens after 2 failures');
 sleep 0.5;
 is($sink->stats->{by_path}{'/flaky'}, 2, 'exactly 2 requests reached the failing endpoint');
+# the previous schema keeps its rules: the library checks 0.2.2's ranges itself
+($rc, $out, $err) = $node->psql('postgres', q{UPDATE outbox.endpoints SET max_in_flight = 0 WHERE name = 'live'});
+like($err, qr/ERROR:  max_in_flight must be between 1 and 10000/, '0.2.2: the ranges are checked by the library (no domains yet)');
+($rc, $out, $err) = $node->psql('postgres',
+	q{INSERT INTO outbox.endpoints (name, url, signing_secret) VALUES ('x', NULL, 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw')});
+like($err, qr/ERROR:  null value in column "url" of relation "endpoints" violates not-null constraint/,
+	'0.2.2: a missing value is reported by the trigger');
+unlike($err, qr/Failing row|whsec_/, '... without quoting the row');
 {
-	my @errors = log_errors($log_offset);
-	is(scalar @errors, 0, 'no ERROR in the server log on 0.2.2') or diag(join("\n", @errors));
+	my @errors = grep { !/max_in_flight must be between|null value in column "url"|STATEMENT:/ } log_errors($log_offset);
+	is(scalar @errors, 0, 'no ERROR in the server log on 0.2.2 but the ones asked for') or diag(join("\n", @errors));
 }
 
 # ------------------------------------------------------------------ 0.2.2 -> 0.3.0
