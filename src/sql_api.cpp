@@ -52,6 +52,16 @@ require_nonempty_text(FunctionCallInfo fcinfo, int argno, const char *name)
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must not be empty", name)));
 }
 
+/* An endpoint of that name (text) exists (*id set unless NULL); "does not exist" otherwise.  Needs SPI. */
+static void
+require_endpoint(Datum name, int64 *id)
+{
+    if (od_endpoint_presence(name, id) == OD_ENDPOINT_MISSING)
+        ereport(
+            ERROR,
+            (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("endpoint \"%s\" does not exist", TextDatumGetCString(name))));
+}
+
 static int64
 positive_interval_arg(FunctionCallInfo fcinfo, int argno, const char *name, bool allow_zero)
 {
@@ -126,9 +136,8 @@ od_claim_sql(PG_FUNCTION_ARGS)
     int   level = od_spi_connect();
     char *version = od_installed_version();
 
+    (void) level; /* the ERROR below ends the SPI connection with the transaction */
     od_schema_unserved_error("outbox.claim()", version ? version : "(none)");
-    od_spi_finish(level);
-    PG_RETURN_NULL();
 }
 
 /*
@@ -363,7 +372,6 @@ od_move_messages_sql(PG_FUNCTION_ARGS)
     bool      *enulls;
     int        nelems;
     uint64     n;
-    bool       found;
 
     require_nonempty_text(fcinfo, 0, "from_endpoint");
     require_nonempty_text(fcinfo, 1, "to_endpoint");
@@ -390,9 +398,7 @@ od_move_messages_sql(PG_FUNCTION_ARGS)
     }
 
     int level = od_spi_connect();
-    found = od_endpoint_presence(CStringGetTextDatum(to), nullptr) != OD_ENDPOINT_MISSING;
-    if (!found)
-        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("endpoint \"%s\" does not exist", to)));
+    require_endpoint(CStringGetTextDatum(to), nullptr);
     n = od_move(from, to, PointerGetDatum(arr));
     od_spi_finish(level);
     if (n > 0)
@@ -409,10 +415,7 @@ endpoint_id_arg(FunctionCallInfo fcinfo)
     int64 id = 0;
 
     require_arg(fcinfo, 0, "name");
-    if (od_endpoint_presence(PG_GETARG_DATUM(0), &id) == OD_ENDPOINT_MISSING)
-        ereport(ERROR,
-                (errcode(ERRCODE_UNDEFINED_OBJECT),
-                 errmsg("endpoint \"%s\" does not exist", text_to_cstring(PG_GETARG_TEXT_PP(0)))));
+    require_endpoint(PG_GETARG_DATUM(0), &id);
     return id;
 }
 

@@ -58,6 +58,22 @@ wake_lowest_idle(int skip)
     return false;
 }
 
+/* Set every running worker's latch. */
+static void
+wake_all_workers(void)
+{
+    int n = Min(od_workers, OD_MAX_WORKERS);
+
+    for (int i = 0; i < n; i++)
+    {
+        OdWorkerSlot *w = &od_shared->workers[i];
+        Latch        *latch = w->latch;
+
+        if (w->pid != 0 && latch != nullptr)
+            SetLatch(latch);
+    }
+}
+
 /*
  * Wake one idle worker if there is one: it claims what was committed, and
  * the others stay asleep instead of racing it for the same rows.  When no
@@ -76,14 +92,7 @@ od_wake_workers(void)
     n = Min(od_workers, OD_MAX_WORKERS);
     if (n <= 0 || wake_lowest_idle(-1))
         return;
-    for (int i = 0; i < n; i++)
-    {
-        OdWorkerSlot *w = &od_shared->workers[i];
-        Latch        *latch = w->latch;
-
-        if (w->pid != 0 && latch != nullptr)
-            SetLatch(latch);
-    }
+    wake_all_workers();
 }
 
 /*
@@ -98,22 +107,6 @@ od_wake_idle_peer(int self)
 {
     if (od_shared != nullptr)
         (void) wake_lowest_idle(self);
-}
-
-/* Every worker: each of them reloads its endpoints. */
-static void
-wake_all_workers(void)
-{
-    int n = Min(od_workers, OD_MAX_WORKERS);
-
-    for (int i = 0; i < n; i++)
-    {
-        OdWorkerSlot *w = &od_shared->workers[i];
-        Latch        *latch = w->latch;
-
-        if (w->pid != 0 && latch != nullptr)
-            SetLatch(latch);
-    }
 }
 
 static void
