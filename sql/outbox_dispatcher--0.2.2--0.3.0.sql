@@ -151,3 +151,106 @@ CREATE OR REPLACE FUNCTION @extschema@.resume_endpoint(name text)
 -- ---------------------------------------------------------------- claim
 COMMENT ON FUNCTION @extschema@.claim(text, integer, interval, integer) IS
     'Lease up to batch ready messages for an external relay or a test. Not the workers'' claim: it takes no part in their shared limits (circuit breaker, rate_limit, max_in_flight) and its leases are not counted in endpoint_health.in_flight';
+
+-- ---------------------------------------------------------------- deliver_after_replication
+-- deliver_after_replication: workers holding claimed messages until the
+-- synchronous standbys confirm them, how many, and since when.
+CREATE FUNCTION @extschema@._replication_wait(
+    OUT waiting_workers integer, OUT held_messages bigint, OUT waiting_since timestamptz)
+    RETURNS record
+    AS 'MODULE_PATHNAME', 'od_replication_wait_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION @extschema@._replication_wait() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@._replication_wait() TO outbox_monitor, outbox_admin;
+
+CREATE OR REPLACE VIEW @extschema@.health AS
+SELECT count(*) FILTER (WHERE status = 'pending')                          AS pending,
+       count(*) FILTER (WHERE status = 'processing')                       AS processing,
+       count(*) FILTER (WHERE status = 'done')                             AS done,
+       count(*) FILTER (WHERE status = 'dead')                             AS dead,
+       now() - min(created_at) FILTER (WHERE status IN ('pending', 'processing'))
+                                                                           AS oldest_pending_age,
+       count(*) FILTER (WHERE status = 'processing' AND lease_until < now()) AS expired_leases,
+       @extschema@._lost_leases()                                          AS lost_leases,
+       (SELECT r.waiting_workers FROM @extschema@._replication_wait() AS r) AS replication_waiting_workers,
+       now() - (SELECT r.waiting_since FROM @extschema@._replication_wait() AS r) AS replication_wait
+  FROM @extschema@.messages;
+
+CREATE OR REPLACE FUNCTION @extschema@.metrics()
+    RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+WITH h AS (SELECT * FROM @extschema@.health),
+q AS (SELECT * FROM @extschema@.queue_depth),
+w AS (SELECT * FROM @extschema@.worker_stats),
+e AS (SELECT * FROM @extschema@.endpoint_health),
+a AS (SELECT * FROM @extschema@.attempts_histogram),
+lines AS (
+    SELECT 1 AS ord, E'# HELP outbox_messages Messages in outbox.messages by status.\n# TYPE outbox_messages gauge\n'
+                     || string_agg(format('outbox_messages{status="%s"} %s', status, count), E'\n' ORDER BY status) AS txt
+      FROM q
+    UNION ALL
+    SELECT 2, format(E'# HELP outbox_oldest_pending_age_seconds Age of the oldest pending or processing message.\n'
+                     '# TYPE outbox_oldest_pending_age_seconds gauge\noutbox_oldest_pending_age_seconds %s\n'
+                     '# HELP outbox_expired_leases Processing messages whose lease has expired.\n'
+                     '# TYPE outbox_expired_leases gauge\noutbox_expired_leases %s\n'
+                     '# HELP outbox_lost_leases_total Fenced finalizes that found their lease taken over, since the server started.\n'
+                     '# TYPE outbox_lost_leases_total counter\noutbox_lost_leases_total %s',
+                     coalesce(extract(epoch FROM oldest_pending_age), 0), expired_leases, coalesce(lost_leases, 0))
+      FROM h
+    UNION ALL
+    SELECT 3, E'# HELP outbox_unfinished_messages_by_attempts Pending and processing messages by attempts used.\n'
+              '# TYPE outbox_unfinished_messages_by_attempts gauge'
+              || coalesce(E'\n' || string_agg(format('outbox_unfinished_messages_by_attempts{attempts="%s"} %s', attempts, count),
+                                               E'\n' ORDER BY attempts), '')
+      FROM a
+    UNION ALL
+    SELECT 4, string_agg(m.block, E'\n' ORDER BY m.k)
+      FROM (SELECT k, format(E'# HELP outbox_worker_%s_total %s\n# TYPE outbox_worker_%s_total counter\n', name, help, name)
+                      || string_agg(format('outbox_worker_%s_total{worker="%s"} %s', name, w.worker, val), E'\n' ORDER BY w.worker) AS block
+              FROM w, LATERAL (VALUES
+                  (1, 'claimed', 'Messages claimed by the worker.', w.claimed),
+                  (2, 'delivered', 'Messages delivered (2xx) by the worker.', w.delivered),
+                  (3, 'retried', 'Messages rescheduled after a retryable failure.', w.retried),
+                  (4, 'deferred', 'Messages deferred by a defer status.', w.deferred),
+                  (5, 'dead', 'Messages that became dead.', w.dead),
+                  (6, 'lost_leases', 'Results discarded because the lease was lost.', w.lost_leases)) AS v(k, name, help, val)
+             GROUP BY k, name, help) AS m
+    UNION ALL
+    SELECT 5, E'# HELP outbox_worker_up Whether the worker is running.\n# TYPE outbox_worker_up gauge\n'
+              || string_agg(format('outbox_worker_up{worker="%s"} %s', worker, (pid IS NOT NULL)::int), E'\n' ORDER BY worker)
+              || E'\n# HELP outbox_worker_in_flight Requests in flight.\n# TYPE outbox_worker_in_flight gauge\n'
+              || string_agg(format('outbox_worker_in_flight{worker="%s"} %s', worker, in_flight), E'\n' ORDER BY worker)
+              || E'\n# HELP outbox_worker_http_latency_avg_seconds Mean HTTP request duration.\n# TYPE outbox_worker_http_latency_avg_seconds gauge\n'
+              || string_agg(format('outbox_worker_http_latency_avg_seconds{worker="%s"} %s', worker, coalesce(latency_avg_ms, 0) / 1000.0), E'\n' ORDER BY worker)
+      FROM w
+    UNION ALL
+    SELECT 6, E'# HELP outbox_endpoint_up Whether the endpoint is enabled.\n# TYPE outbox_endpoint_up gauge\n'
+              || string_agg(format('outbox_endpoint_up{endpoint="%s"} %s', @extschema@._prom_label(endpoint), enabled::int), E'\n' ORDER BY endpoint)
+              || E'\n# HELP outbox_endpoint_breaker_open Whether the circuit breaker is open or half-open.\n# TYPE outbox_endpoint_breaker_open gauge\n'
+              || string_agg(format('outbox_endpoint_breaker_open{endpoint="%s"} %s', @extschema@._prom_label(endpoint), (state <> 'closed')::int), E'\n' ORDER BY endpoint)
+              || E'\n# HELP outbox_endpoint_in_flight Requests in flight to the endpoint, all workers.\n# TYPE outbox_endpoint_in_flight gauge\n'
+              || string_agg(format('outbox_endpoint_in_flight{endpoint="%s"} %s', @extschema@._prom_label(endpoint), in_flight), E'\n' ORDER BY endpoint)
+              || E'\n# HELP outbox_endpoint_delivered_total Deliveries answered 2xx, since the server started.\n# TYPE outbox_endpoint_delivered_total counter\n'
+              || string_agg(format('outbox_endpoint_delivered_total{endpoint="%s"} %s', @extschema@._prom_label(endpoint), delivered), E'\n' ORDER BY endpoint)
+              || E'\n# HELP outbox_endpoint_failed_total Retryable failures, since the server started.\n# TYPE outbox_endpoint_failed_total counter\n'
+              || string_agg(format('outbox_endpoint_failed_total{endpoint="%s"} %s', @extschema@._prom_label(endpoint), failed), E'\n' ORDER BY endpoint)
+      FROM e
+    UNION ALL
+    SELECT 7, format(E'# HELP outbox_endpoints_unserved Enabled endpoints the workers cannot serve (outbox_dispatcher.max_endpoints is too low).\n'
+                     '# TYPE outbox_endpoints_unserved gauge\noutbox_endpoints_unserved %s',
+                     coalesce(@extschema@._endpoints_unserved(), 0))
+    UNION ALL
+    SELECT 8, format(E'# HELP outbox_replication_waiting_workers Workers holding claimed messages until the synchronous standbys confirm them (deliver_after_replication).\n'
+                     '# TYPE outbox_replication_waiting_workers gauge\noutbox_replication_waiting_workers %s\n'
+                     '# HELP outbox_replication_held_messages Claimed messages not sent until the synchronous standbys confirm them.\n'
+                     '# TYPE outbox_replication_held_messages gauge\noutbox_replication_held_messages %s\n'
+                     '# HELP outbox_replication_wait_seconds How long the oldest wait for the synchronous standbys has lasted.\n'
+                     '# TYPE outbox_replication_wait_seconds gauge\noutbox_replication_wait_seconds %s',
+                     r.waiting_workers, r.held_messages, coalesce(extract(epoch FROM now() - r.waiting_since), 0))
+      FROM @extschema@._replication_wait() AS r
+)
+SELECT string_agg(txt, E'\n' ORDER BY ord) || E'\n' FROM lines WHERE txt IS NOT NULL
+$$;

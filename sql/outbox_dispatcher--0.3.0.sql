@@ -488,6 +488,15 @@ CREATE FUNCTION @extschema@._endpoints_unserved()
     LANGUAGE C VOLATILE
     SET search_path = pg_catalog, pg_temp;
 
+-- deliver_after_replication: workers holding claimed messages until the
+-- synchronous standbys confirm them, how many, and since when.
+CREATE FUNCTION @extschema@._replication_wait(
+    OUT waiting_workers integer, OUT held_messages bigint, OUT waiting_since timestamptz)
+    RETURNS record
+    AS 'MODULE_PATHNAME', 'od_replication_wait_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+
 -- ---------------------------------------------------------------- views
 CREATE VIEW @extschema@.queue_depth AS
 SELECT s.status, count(m.id) AS count
@@ -504,7 +513,9 @@ SELECT count(*) FILTER (WHERE status = 'pending')                          AS pe
        now() - min(created_at) FILTER (WHERE status IN ('pending', 'processing'))
                                                                            AS oldest_pending_age,
        count(*) FILTER (WHERE status = 'processing' AND lease_until < now()) AS expired_leases,
-       @extschema@._lost_leases()                                          AS lost_leases
+       @extschema@._lost_leases()                                          AS lost_leases,
+       (SELECT r.waiting_workers FROM @extschema@._replication_wait() AS r) AS replication_waiting_workers,
+       now() - (SELECT r.waiting_since FROM @extschema@._replication_wait() AS r) AS replication_wait
   FROM @extschema@.messages;
 
 CREATE VIEW @extschema@.attempts_histogram AS
@@ -638,6 +649,15 @@ lines AS (
     SELECT 7, format(E'# HELP outbox_endpoints_unserved Enabled endpoints the workers cannot serve (outbox_dispatcher.max_endpoints is too low).\n'
                      '# TYPE outbox_endpoints_unserved gauge\noutbox_endpoints_unserved %s',
                      coalesce(@extschema@._endpoints_unserved(), 0))
+    UNION ALL
+    SELECT 8, format(E'# HELP outbox_replication_waiting_workers Workers holding claimed messages until the synchronous standbys confirm them (deliver_after_replication).\n'
+                     '# TYPE outbox_replication_waiting_workers gauge\noutbox_replication_waiting_workers %s\n'
+                     '# HELP outbox_replication_held_messages Claimed messages not sent until the synchronous standbys confirm them.\n'
+                     '# TYPE outbox_replication_held_messages gauge\noutbox_replication_held_messages %s\n'
+                     '# HELP outbox_replication_wait_seconds How long the oldest wait for the synchronous standbys has lasted.\n'
+                     '# TYPE outbox_replication_wait_seconds gauge\noutbox_replication_wait_seconds %s',
+                     r.waiting_workers, r.held_messages, coalesce(extract(epoch FROM now() - r.waiting_since), 0))
+      FROM @extschema@._replication_wait() AS r
 )
 SELECT string_agg(txt, E'\n' ORDER BY ord) || E'\n' FROM lines WHERE txt IS NOT NULL
 $$;
@@ -666,6 +686,7 @@ GRANT SELECT (name, url, headers, timeout, max_in_flight, enabled, defer_statuse
     ON @extschema@.endpoints TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION @extschema@._lost_leases(), @extschema@._worker_stats(),
     @extschema@._endpoint_health(), @extschema@._endpoints_unserved(),
+    @extschema@._replication_wait(),
     @extschema@._prom_label(text), @extschema@.metrics()
     TO outbox_monitor;
 

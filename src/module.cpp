@@ -32,6 +32,7 @@ char                          *od_database = nullptr;
 char                          *od_role = nullptr;
 int                            od_workers = 2;
 bool                           od_enabled = true;
+bool                           od_deliver_after_replication = false;
 int                            od_batch_size = 100;
 int                            od_lease_ms = 60000;
 int                            od_max_attempts = 12;
@@ -147,6 +148,10 @@ od_define_gucs(void)
     DefineCustomBoolVariable("outbox_dispatcher.enabled",
                              "Whether the dispatcher workers claim messages (off pauses them).", NULL, &od_enabled,
                              true, PGC_SIGHUP, 0, NULL, NULL, NULL);
+    DefineCustomBoolVariable("outbox_dispatcher.deliver_after_replication",
+                             "Send a claimed message only once the synchronous standbys have flushed its commit.",
+                             "The standbys are those synchronous_standby_names names; without any, this has no effect.",
+                             &od_deliver_after_replication, false, PGC_SIGHUP, 0, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.batch_size", "Maximum number of messages one worker claims per cycle.",
                             NULL, &od_batch_size, 100, 1, 10000, PGC_SIGHUP, 0, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.lease", "How long a claimed message belongs to its worker.",

@@ -11,6 +11,7 @@ extern char *od_database;
 extern char *od_role;
 extern int   od_workers;
 extern bool  od_enabled;
+extern bool  od_deliver_after_replication;
 extern int   od_batch_size;
 extern int   od_lease_ms;
 extern int   od_max_attempts;
@@ -40,7 +41,8 @@ typedef enum OdWorkerState
     OD_STATE_CLAIMING,
     OD_STATE_DELIVERING,
     OD_STATE_FINALIZING,
-    OD_STATE_PAUSED
+    OD_STATE_PAUSED,
+    OD_STATE_WAITING_REPLICATION /* deliver_after_replication: the synchronous standbys have not confirmed */
 } OdWorkerState;
 
 /*
@@ -64,6 +66,8 @@ typedef struct OdWorkerSlot
     pg_atomic_uint64 reaped;
     pg_atomic_uint64 lost_leases;
     pg_atomic_uint64 cycles;
+    pg_atomic_uint64 replication_wait_since; /* TimestampTz the wait for the standbys began; 0 = none */
+    pg_atomic_uint32 replication_held;       /* claimed messages held back meanwhile */
     pg_atomic_uint64 latency_count;
     pg_atomic_uint64 latency_sum_us;
     pg_atomic_uint64 latency_max_us;

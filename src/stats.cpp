@@ -17,10 +17,13 @@ extern "C" {
 #include "utils/tuplestore.h"
 
 PG_FUNCTION_INFO_V1(od_worker_stats_sql);
+PG_FUNCTION_INFO_V1(od_replication_wait_sql);
 }
 
-static const char *const state_names[] = { "stopped",    "starting",   "idle",  "claiming",
-                                           "delivering", "finalizing", "paused" };
+static const char *const state_names[] = { "stopped",    "starting",   "idle",   "claiming",
+                                           "delivering", "finalizing", "paused", "waiting for replication" };
+static_assert(sizeof(state_names) / sizeof(state_names[0]) == OD_STATE_WAITING_REPLICATION + 1,
+              "a name for every worker state");
 
 extern "C" Datum
 od_worker_stats_sql(PG_FUNCTION_ARGS)
@@ -45,7 +48,7 @@ od_worker_stats_sql(PG_FUNCTION_ARGS)
 
         memset(nulls, 0, sizeof(nulls));
         state = pg_atomic_read_u32(&w->state);
-        if (state > OD_STATE_PAUSED)
+        if (state > OD_STATE_WAITING_REPLICATION)
             state = OD_STATE_STOPPED;
         count = pg_atomic_read_u64(&w->latency_count);
         for (int b = 0; b < OD_LATENCY_BUCKETS; b++)
@@ -185,4 +188,41 @@ od_endpoints_unserved_sql(PG_FUNCTION_ARGS)
     if (od_shared == nullptr)
         PG_RETURN_NULL();
     PG_RETURN_INT32((int32) pg_atomic_read_u32(&od_shared->endpoints_unserved));
+}
+
+/*
+ * outbox._replication_wait(): deliver_after_replication — the workers
+ * waiting for the synchronous standbys to confirm a claim (or to come back
+ * after one they did not confirm), the claimed messages they hold back, and
+ * since when the oldest wait runs.
+ */
+extern "C" Datum
+od_replication_wait_sql(PG_FUNCTION_ARGS)
+{
+    TupleDesc   desc;
+    Datum       values[3];
+    bool        nulls[3] = { false, false, false };
+    int32       waiting = 0;
+    int64       held = 0;
+    TimestampTz oldest = 0;
+
+    if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+        ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED), errmsg("return type must be a row type")));
+    for (int i = 0; od_shared != nullptr && i < od_workers && i < OD_MAX_WORKERS; i++)
+    {
+        OdWorkerSlot *w = &od_shared->workers[i];
+        TimestampTz   since = (TimestampTz) pg_atomic_read_u64(&w->replication_wait_since);
+
+        if (w->pid == 0 || since == 0)
+            continue;
+        waiting++;
+        held += pg_atomic_read_u32(&w->replication_held);
+        if (oldest == 0 || since < oldest)
+            oldest = since;
+    }
+    values[0] = Int32GetDatum(waiting);
+    values[1] = Int64GetDatum(held);
+    values[2] = TimestampTzGetDatum(oldest);
+    nulls[2] = (oldest == 0);
+    PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }

@@ -221,6 +221,7 @@ apply_settings(void)
     /* what one worker can have in flight: every request keeps its connection */
     s.pool_connections = (size_t) od_batch_size * 2;
     W.disp->set_settings(s);
+    replication_check_settings();
 }
 
 /* What the schedule (core/schedule.hpp) decides from, as of now. */
@@ -243,6 +244,8 @@ observe(TimestampTz now)
     c.next_quota = W.next_quota_at;
     c.places_released = W.places_released;
     c.claim_quota_full = W.claim_quota_full;
+    c.claims_held = replication_claims_held();
+    c.replication_poll = replication_poll_at(now);
     c.results = (int) W.disp->outcomes().size();
     c.in_flight = (int) W.disp->in_flight();
     c.oldest_result = W.oldest_outcome_at;
@@ -323,7 +326,7 @@ step_claim(int room)
 static void
 step_pump(TimestampTz now)
 {
-    if (!got_sigterm)
+    if (!got_sigterm && replication_may_send(now))
         W.disp->pump(od_unix_seconds(now));
     pg_atomic_write_u32(&W.slot->in_flight, (uint32) W.disp->in_flight());
     if (!W.disp->outcomes().empty() && now >= W.sched.backoff_until && W.oldest_outcome_at == 0)
@@ -349,7 +352,9 @@ step_wait(void)
     TimestampTz now = GetCurrentTimestamp();
     long        timeout;
 
-    if (W.disp->in_flight() > 0)
+    if (replication_waiting())
+        set_state(OD_STATE_WAITING_REPLICATION);
+    else if (W.disp->in_flight() > 0)
         set_state(OD_STATE_DELIVERING);
     else if (od_enabled)
         set_state(OD_STATE_IDLE);

@@ -8,6 +8,7 @@
  *   worker_claim.cpp      reservations, the claim, claimed rows into the Dispatcher
  *   worker_finalize.cpp   outcomes into endpoint accounting and the fenced finalize
  *   worker_wait.cpp       the wait on the latch, postmaster death and the sockets
+ *   worker_replication.cpp deliver_after_replication: claimed messages wait for the standbys
  */
 #ifndef OUTBOX_DISPATCHER_WORKER_H
 #define OUTBOX_DISPATCHER_WORKER_H
@@ -21,6 +22,7 @@
 #include "endpoint_state.h"
 #include "pg_compat.h"
 #include "core/dispatcher.hpp"
+#include "core/replication_gate.hpp"
 #include "core/schedule.hpp"
 #include "core/signing.hpp"
 #include "core/validate.hpp"
@@ -31,6 +33,7 @@
 
 extern "C" {
 #include "access/xact.h"
+#include "access/xlogdefs.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "lib/stringinfo.h"
@@ -150,6 +153,10 @@ typedef struct OdWorker
     size_t              outcomes_seen;
     bool                stats_pending; /* committed since the last forced statistics flush */
 
+    /* deliver_after_replication (worker_replication.cpp) */
+    od::ReplicationGate gate;
+    TimestampTz         replication_wait_began; /* 0 = not waiting */
+
     LoopSchedule        sched;
 } OdWorker;
 
@@ -194,6 +201,20 @@ void            finalize_done(FinalizeBatch *fb);
 /* Finalize fb in a transaction of its own. */
 void            finalize_alone(FinalizeBatch *fb);
 void            do_finalize(void);
+
+/* ---------------------------------------------------------------- worker_replication.cpp */
+/* After a (re)load of the settings: warn if the mode cannot apply; stop waiting if it no longer does. */
+void            replication_check_settings(void);
+/* A claim that took rows committed with this end position: flush it and hold its messages. */
+void            replication_claimed(XLogRecPtr commit_end);
+/* Whether queued messages may be sent now (releases them after the hold limit). */
+bool            replication_may_send(TimestampTz now);
+/* Whether claims wait for the standbys now. */
+bool            replication_claims_held(void);
+/* When to look at the standbys' position again; 0 = nothing waits. */
+TimestampTz     replication_poll_at(TimestampTz now);
+/* Whether this worker waits for the standbys (a claim, or after one they did not confirm). */
+bool            replication_waiting(void);
 
 /* ---------------------------------------------------------------- worker_wait.cpp */
 /* Wait up to timeout_ms for sockets or the latch; returns true if the latch was set. */

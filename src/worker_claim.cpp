@@ -244,6 +244,8 @@ do_claim(int capacity, bool with_finalize)
         pg_atomic_fetch_add_u64(&W.slot->dead, n_rejected);
     }
     end_tx();
+    if (n > 0)
+        replication_claimed(XactLastCommitEnd); /* deliver_after_replication: its messages wait for the standbys */
     if (fin)
         finalize_done(&fb);
 

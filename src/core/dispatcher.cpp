@@ -272,19 +272,23 @@ void Dispatcher::push_release(int64_t id, int64_t lease_version, int64_t lease_u
     }
 }
 
+void Dispatcher::release_queued(const char *why) noexcept {
+    for (auto &kv : endpoints_) {
+        for (const ClaimedMessage &m : kv.second.queue)
+            push_release(m.id, m.lease_version, m.lease_until_us, m.endpoint_tag, why);
+        kv.second.queue.clear();
+    }
+    queued_ = 0;
+}
+
 void Dispatcher::abandon(int64_t now_unix_s, const char *why) noexcept {
     collect(now_unix_s);
     engine_.abort_all();
     for (const auto &kv : sent_)
         push_release(kv.second.id, kv.second.lease_version, kv.second.lease_until_us, kv.second.endpoint_tag, why);
     sent_.clear();
-    for (auto &kv : endpoints_) {
-        for (const ClaimedMessage &m : kv.second.queue)
-            push_release(m.id, m.lease_version, m.lease_until_us, m.endpoint_tag, why);
-        kv.second.queue.clear();
-        kv.second.in_flight = 0;
-    }
-    queued_ = 0;
+    for (auto &kv : endpoints_) kv.second.in_flight = 0;
+    release_queued(why);
 }
 
 } // namespace od

@@ -141,6 +141,13 @@ class Dispatcher {
      */
     void abandon(int64_t now_unix_s, const char *why) noexcept;
 
+    /*
+     * Turn every queued (not yet sent) message into a Retry outcome with the
+     * attempt refunded and no delay; transfers in flight go on.  For a worker
+     * that must not send what it holds (deliver_after_replication).
+     */
+    void release_queued(const char *why) noexcept;
+
   private:
     struct EndpointState {
         EndpointConfig cfg;

@@ -27,7 +27,7 @@ bool has_claim_room(const WorkerCycle &c) noexcept {
 }
 
 int claim_now(const WorkerCycle &c) noexcept {
-    if (!c.active || backing_off(c) || !has_claim_room(c)) return 0;
+    if (!c.active || backing_off(c) || c.claims_held || !has_claim_room(c)) return 0;
     bool reason = c.woken || c.last_claim_full || c.now >= c.next_poll ||
                   (c.next_quota != 0 && c.now >= c.next_quota) || (c.places_released && c.claim_quota_full);
     return reason ? c.pipeline - c.held : 0;
@@ -53,13 +53,14 @@ bool purge_now(const WorkerCycle &c) noexcept {
 }
 
 int64_t next_wakeup(const WorkerCycle &c) noexcept {
-    bool can_claim = c.active && has_claim_room(c);
+    bool can_claim = c.active && !c.claims_held && has_claim_room(c);
     int64_t until = c.endpoints_changed ? c.now : c.next_refresh;
 
     if (can_claim) until = least(until, c.last_claim_full ? c.now : c.next_poll);
     if (can_claim && c.next_quota != 0) until = least(until, c.next_quota);
     if (c.results > 0) until = least(until, c.oldest_result + c.flush_after_us);
     if (c.purges) until = least(until, c.next_purge);
+    if (c.replication_poll != 0) until = least(until, c.replication_poll);
     if (backing_off(c) && until < c.backoff_until) until = c.backoff_until;
     return until;
 }

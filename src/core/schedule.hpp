@@ -24,6 +24,9 @@
  *    the extension is missing; the period is poll_interval where changes
  *    are not announced, a slow safety poll (kEndpointSafetyPollUs, or
  *    poll_interval if longer) where they are.
+ *  - deliver_after_replication: no claim while one waits for the
+ *    synchronous standbys (or after one they did not confirm, until they
+ *    pass it); the worker looks at their position again at replication_poll.
  *  - Nothing is reloaded, claimed, finalized or purged before backoff_until
  *    (an error); the sleep deadline is the least of the named deadlines,
  *    but never before backoff_until.
@@ -55,6 +58,10 @@ struct WorkerCycle {
     int64_t next_quota = 0;        /* a refused reservation may succeed then; 0 = none */
     bool places_released = false;  /* a request finished since the last claim */
     bool claim_quota_full = false; /* the last claim took every place its quotas allowed */
+    bool claims_held = false;      /* deliver_after_replication: no claim now (core/replication_gate.hpp) */
+
+    /* deliver_after_replication: look at the standbys' confirmed position then; 0 = nothing waits */
+    int64_t replication_poll = 0;
 
     /* results waiting to be finalized */
     int results = 0;

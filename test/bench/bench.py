@@ -32,6 +32,10 @@ Scenarios (default settings unless the scenario is about a setting):
              drain (claim + finalize; a CHECKPOINT right before the messages
              were inserted, so full-page images of pages the drain touches
              first count), full-page images, and the share of HOT updates.
+  replication  a synchronous standby on loopback (pg_basebackup of the
+             primary, synchronous_standby_names = '*'): drain N_REPL
+             (20,000) and idle commit -> arrival, with
+             outbox_dispatcher.deliver_after_replication off, then on.
   scaling    fresh drain with workers 1/2/4 x batch_size 100/500.
 
 Each run uses its own freshly initialised cluster (fsync on, the
@@ -56,7 +60,8 @@ SUSTAIN_S = int(os.environ.get("SUSTAIN_S", "10"))
 SUSTAIN_PAIRS = int(os.environ.get("SUSTAIN_PAIRS", "3"))
 SUSTAIN_TPS = int(os.environ.get("SUSTAIN_TPS", "500"))
 IDLE_M = int(os.environ.get("IDLE_M", "200"))
-SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,retained,sustained,idle,scaling").split(",")
+N_REPL = int(os.environ.get("N_REPL", "20000"))
+SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,retained,sustained,idle,replication,scaling").split(",")
 WORK = os.environ.get("OD_BENCH_WORK") or tempfile.mkdtemp(prefix="od_bench.")
 OUT = os.environ.get("OUT", os.path.join(WORK, "out"))
 SRC = os.environ.get("OD_BENCH_SRC", os.path.dirname(os.path.abspath(__file__)) + "/../..")
@@ -424,9 +429,18 @@ def scenario_idle(sink_port):
     c = new_dispatcher("idle", extra={"track_commit_timestamp": "on"})
     try:
         c.sql("INSERT INTO outbox.endpoints (name, url) VALUES ('sink', 'http://127.0.0.1:%d/hook')" % sink_port)
+        return idle_latency(c, sink_port, "idle")
+    finally:
+        c.destroy()
+
+
+def idle_latency(c, sink_port, label):
+    """Commit -> arrival of IDLE_M single messages to the sink (endpoint 'sink'), on cluster c."""
+    if True:
         # the commit time of each producer transaction, by its xid (the message row's own xmin
         # is replaced by the workers' updates)
-        c.sql("CREATE TABLE bench_tx (aggregate_id text PRIMARY KEY, xid xid8 NOT NULL)")
+        c.sql("DROP TABLE IF EXISTS bench_tx", "DELETE FROM outbox.messages",
+              "CREATE TABLE bench_tx (aggregate_id text PRIMARY KEY, xid xid8 NOT NULL)")
         c.set_enabled(True)
         urllib.request.urlopen("http://127.0.0.1:%d/_control/reset" % sink_port, data=b"").read()
         time.sleep(1.5)
@@ -452,11 +466,49 @@ def scenario_idle(sink_port):
         from_start = sorted((t - created[k]) * 1000.0 for k, t in arrived)
         res = {"p50_ms": lat[len(lat) // 2], "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
                "start_p50_ms": from_start[len(from_start) // 2], "n": len(lat)}
-        log("  idle       commit -> arrival p50 %.2f ms, p99 %.2f ms (%d messages); from the producer's"
+        log("  %-10s commit -> arrival p50 %.2f ms, p99 %.2f ms (%d messages); from the producer's"
             " statement start (its own commit and WAL flush included) p50 %.2f ms"
-            % (res["p50_ms"], res["p99_ms"], res["n"], res["start_p50_ms"]))
+            % (label, res["p50_ms"], res["p99_ms"], res["n"], res["start_p50_ms"]))
+        c.set_enabled(False)
+        return res
+
+
+def scenario_replication(sink_port):
+    """A synchronous standby on loopback (synchronous_standby_names = '*'): drain and idle latency
+    with outbox_dispatcher.deliver_after_replication off, then on, on the same pair."""
+    c = new_dispatcher("repl_primary", extra={"track_commit_timestamp": "on"})
+    sdir = os.path.join(WORK, "repl_standby")
+    shutil.rmtree(sdir, ignore_errors=True)
+    res = {}
+    try:
+        subprocess.run([PGBIN + "/pg_basebackup", "-h", WORK, "-p", str(PORT), "-U", "postgres", "-D", sdir,
+                        "-R", "-X", "stream"], check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(sdir, "postgresql.conf"), "a") as f:
+            f.write("port = %d\nsynchronous_standby_names = ''\n" % (PORT + 1))
+        subprocess.run([PGBIN + "/pg_ctl", "-D", sdir, "-l", sdir + ".log", "-w", "start"],
+                       check=True, stdout=subprocess.DEVNULL)
+        c.sql("ALTER SYSTEM SET synchronous_standby_names = '*'", "SELECT pg_reload_conf()")
+        for _ in range(200):
+            if c.sql("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") == "1":
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("the standby did not become synchronous")
+        c.sql("INSERT INTO outbox.endpoints (name, url) VALUES ('sink', 'http://127.0.0.1:%d/hook')" % sink_port)
+        warm_plans(c)
+        for mode in ("off", "on"):
+            c.sql("ALTER SYSTEM SET outbox_dispatcher.deliver_after_replication = %s" % mode, "SELECT pg_reload_conf()")
+            c.sql("DELETE FROM outbox.messages")
+            time.sleep(0.5)
+            res["drain_%s_msg_s" % mode] = drain(c, N_REPL, "sync %s" % mode)["msg_s"]
+            r = idle_latency(c, sink_port, "sync %s" % mode)
+            res["idle_%s_p50_ms" % mode] = r["p50_ms"]
+            res["idle_%s_p99_ms" % mode] = r["p99_ms"]
         return res
     finally:
+        subprocess.run([PGBIN + "/pg_ctl", "-D", sdir, "-m", "immediate", "-w", "stop"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(sdir, ignore_errors=True)
         c.destroy()
 
 
@@ -505,6 +557,9 @@ def main():
                 add("idle_p50_ms", r["p50_ms"])
                 add("idle_p99_ms", r["p99_ms"])
                 add("idle_start_p50_ms", r["start_p50_ms"])
+            if "replication" in SCENARIOS:
+                for k, v in scenario_replication(sink_port).items():
+                    add("repl_" + k, v)
             if "scaling" in SCENARIOS:
                 for w in (1, 2, 4):
                     for b in (100, 500):
@@ -521,7 +576,7 @@ def main():
     for k, v in runs.items():
         results[k] = summary(v)
     meta = {"cores": os.cpu_count(), "postgresql": version, "runs": RUNS, "n": N_FRESH, "n_backlog": N_BACKLOG,
-            "n_retained": N_RETAINED, "sustain_s": SUSTAIN_S, "sustain_pairs": SUSTAIN_PAIRS, "sustain_tps": SUSTAIN_TPS,
+            "n_retained": N_RETAINED, "n_repl": N_REPL, "sustain_s": SUSTAIN_S, "sustain_pairs": SUSTAIN_PAIRS, "sustain_tps": SUSTAIN_TPS,
             "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t_start)}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
@@ -551,6 +606,12 @@ ROWS = [
     ("idle_p50_ms", "idle commit -> arrival p50", "ms", "%.2f"),
     ("idle_p99_ms", "idle commit -> arrival p99", "ms", "%.2f"),
     ("idle_start_p50_ms", "idle producer statement start -> arrival p50 (its commit's WAL flush included)", "ms", "%.2f"),
+    ("repl_drain_off_msg_s", "drain %(n_repl)s, synchronous standby, deliver_after_replication off", "msg/s", "%.0f"),
+    ("repl_drain_on_msg_s", "drain %(n_repl)s, synchronous standby, deliver_after_replication on", "msg/s", "%.0f"),
+    ("repl_idle_off_p50_ms", "idle commit -> arrival p50, synchronous standby, mode off", "ms", "%.2f"),
+    ("repl_idle_on_p50_ms", "idle commit -> arrival p50, synchronous standby, mode on", "ms", "%.2f"),
+    ("repl_idle_off_p99_ms", "idle commit -> arrival p99, synchronous standby, mode off", "ms", "%.2f"),
+    ("repl_idle_on_p99_ms", "idle commit -> arrival p99, synchronous standby, mode on", "ms", "%.2f"),
     ("fresh_drain_wal_b", "WAL per delivered message, claim + finalize (fresh)", "B", "%.0f"),
     ("retained_drain_wal_b", "WAL per delivered message, claim + finalize (retained)", "B", "%.0f"),
     ("fresh_drain_fpi", "full-page images per delivered message (fresh)", "", "%.3f"),
@@ -562,7 +623,8 @@ ROWS = [
 
 def render(meta, results):
     fmt = {"n": "{:,}".format(meta["n"]), "n_backlog": "{:,}".format(meta["n_backlog"]),
-           "n_retained": "{:,}".format(meta["n_retained"]), "tps": "{:,}".format(meta["sustain_tps"] * 10)}
+           "n_retained": "{:,}".format(meta["n_retained"]),
+           "n_repl": "{:,}".format(meta.get("n_repl", 0)), "tps": "{:,}".format(meta["sustain_tps"] * 10)}
     lines = ["outbox_dispatcher %s, PostgreSQL %s, %d cores, %s; %d runs per figure (min / median / max)."
              % (library_version(), meta["postgresql"], meta["cores"], meta["date"], meta["runs"]), "",
              "| scenario | min | median | max | unit |", "|---|---:|---:|---:|---|"]

@@ -31,7 +31,7 @@ mkdir -p "$WORK/src"
 tar -C "$ROOT" --exclude=.git --exclude=bench-results -cf - test outbox_dispatcher.control | tar -C "$WORK/src" -xf -
 chown -R postgres "$WORK"
 su postgres -s /bin/bash -c "cd '$WORK' && OD_BENCH_WORK='$WORK' OD_BENCH_SRC='$WORK/src' OUT='$WORK/out' \
-    RUNS='${RUNS:-3}' SCENARIOS='${SCENARIOS:-fresh,backlog,retained,sustained,idle,scaling}' \
+    RUNS='${RUNS:-3}' SCENARIOS='${SCENARIOS:-fresh,backlog,retained,sustained,idle,replication,scaling}' N_REPL='${N_REPL:-20000}' \
     N='${N:-50000}' N_BACKLOG='${N_BACKLOG:-100000}' N_RETAINED='${N_RETAINED:-1000000}' \
     SUSTAIN_S='${SUSTAIN_S:-10}' SUSTAIN_PAIRS='${SUSTAIN_PAIRS:-3}' SUSTAIN_TPS='${SUSTAIN_TPS:-500}' \
     PATH='$(pg_config --bindir):/usr/sbin:/usr/bin:/bin' /usr/bin/python3 '$WORK/src/test/bench/bench.py'"

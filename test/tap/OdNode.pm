@@ -27,9 +27,15 @@ create($name, %opt) makes a node with C<shared_preload_libraries =
 'outbox_dispatcher'> plus the text of C<conf> appended to postgresql.conf,
 starts it and runs C<CREATE EXTENSION outbox_dispatcher> in database
 postgres.  Options: C<conf> (postgresql.conf lines), C<init> (extra initdb
-arguments, an array ref), C<start> (default 1; 0 leaves the node stopped and
+arguments, an array ref), C<streaming> (1: a primary that standbys can
+stream from), C<start> (default 1; 0 leaves the node stopped and
 the extension not created), C<extension> (default 1; 0 skips CREATE
 EXTENSION, a string is used as the statement, e.g. with VERSION).
+
+standby($name, %opt) takes a base backup of this (streaming) node and
+returns a started streaming standby of it, an OdNode too (the library
+preloaded, as on the primary); C<conf> lines are appended to its
+postgresql.conf first.
 
 add_endpoint($name, $url, %columns) inserts an endpoint (other columns of
 outbox.endpoints as given, quoted as literals); returns its id.
@@ -62,7 +68,7 @@ sub create
 {
 	my ($class, $name, %opt) = @_;
 	my $node = $class->new($name);
-	$node->init($opt{init} ? (extra => $opt{init}) : ());
+	$node->init(($opt{init} ? (extra => $opt{init}) : ()), ($opt{streaming} ? (allows_streaming => 1) : ()));
 	$node->append_conf('postgresql.conf',
 		"shared_preload_libraries = 'outbox_dispatcher'\n" . ($opt{conf} // ''));
 	return $node if defined $opt{start} && !$opt{start};
@@ -70,6 +76,18 @@ sub create
 	my $ext = $opt{extension} // 1;
 	$node->safe_psql('postgres', $ext eq '1' ? 'CREATE EXTENSION outbox_dispatcher' : $ext) if $ext;
 	return $node;
+}
+
+sub standby
+{
+	my ($self, $name, %opt) = @_;
+	my $backup = "for_$name";
+	$self->backup($backup);
+	my $standby = (ref $self)->new($name);
+	$standby->init_from_backup($self, $backup, has_streaming => 1);
+	$standby->append_conf('postgresql.conf', $opt{conf}) if $opt{conf};
+	$standby->start;
+	return $standby;
 }
 
 sub add_endpoint

@@ -957,4 +957,51 @@ TEST(Dispatcher, PoolConnectionsGrowsTheKeepAlivePool) {
     }
 }
 
+TEST(Dispatcher, ReleaseQueuedKeepsTransfersInFlight) {
+    LoopbackServer server;
+    od::Dispatcher d;
+    ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 1));
+    od::DispatcherSettings s;
+    s.max_transfers = 1; // one in flight, two queued
+    d.set_settings(s);
+    od::EndpointConfig ep;
+    ep.name = "e";
+    ep.url = server.url("/ok");
+    ep.timeout_ms = 5000;
+    d.begin_endpoints();
+    d.add_endpoint(ep);
+    d.end_endpoints();
+    for (int i = 1; i <= 3; i++) {
+        od::ClaimedMessage m;
+        m.id = i;
+        m.lease_version = 7;
+        m.attempts = 1;
+        m.endpoint = "e";
+        m.event_type = "E";
+        m.aggregate_type = "a";
+        m.aggregate_id = "1";
+        m.body = "{}";
+        d.add(std::move(m));
+    }
+    d.pump(0);
+    ASSERT_EQ(d.in_flight(), 1u);
+    d.release_queued("held");
+    EXPECT_EQ(d.queued(), 0u);
+    EXPECT_EQ(d.in_flight(), 1u); // the request in flight goes on
+    ASSERT_EQ(d.outcomes().size(), 2u);
+    for (const auto &o : d.outcomes()) {
+        EXPECT_NE(o.id, 1); // the one sent first is not released
+        EXPECT_EQ(o.verdict, od::Verdict::Retry);
+        EXPECT_TRUE(o.refund);
+        EXPECT_EQ(o.delay_ms, 0);
+        EXPECT_EQ(o.lease_version, 7);
+        EXPECT_STREQ(o.error, "held");
+    }
+    drive(d, 3, 10000); // nothing left to send; the one in flight finishes
+    EXPECT_EQ(d.in_flight(), 0u);
+    ASSERT_EQ(d.outcomes().size(), 3u);
+    EXPECT_EQ(d.outcomes()[2].id, 1);
+    EXPECT_EQ(d.outcomes()[2].verdict, od::Verdict::Done);
+}
+
 } // namespace

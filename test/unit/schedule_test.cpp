@@ -227,6 +227,27 @@ TEST(Schedule, NeverWakeBeforeTheBackoffEnds) {
     EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);
 }
 
+TEST(Schedule, NoClaimWhileAClaimWaitsForTheStandbys) {
+    od::WorkerCycle c = quiet();
+    c.woken = true;
+    c.last_claim_full = true;
+    c.claims_held = true;
+    EXPECT_EQ(od::claim_now(c), 0);
+    // and neither the full claim nor the poll wakes it: the standbys' position does
+    c.replication_poll = NOW + 1 * MS;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * MS);
+    c.claims_held = false;
+    EXPECT_EQ(od::claim_now(c), 100);
+}
+
+TEST(Schedule, TheReplicationPollIsADeadline) {
+    od::WorkerCycle c = quiet();
+    c.replication_poll = NOW + 3 * MS;
+    EXPECT_EQ(od::next_wakeup(c), NOW + 3 * MS);
+    c.replication_poll = 0; // nothing waits
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);
+}
+
 TEST(Schedule, WaitRoundsUpAndSaturates) {
     EXPECT_EQ(od::wait_ms(NOW, NOW - 5), 0);
     EXPECT_EQ(od::wait_ms(NOW, NOW), 0);
