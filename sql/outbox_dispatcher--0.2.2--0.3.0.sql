@@ -152,6 +152,25 @@ CREATE OR REPLACE FUNCTION @extschema@.resume_endpoint(name text)
 COMMENT ON FUNCTION @extschema@.claim(text, integer, interval, integer) IS
     'Lease up to batch ready messages for an external relay or a test. Not the workers'' claim: it takes no part in their shared limits (circuit breaker, rate_limit, max_in_flight) and its leases are not counted in endpoint_health.in_flight';
 
+-- ---------------------------------------------------------------- ordering without producer locks
+ALTER TABLE @extschema@.messages ADD COLUMN ordered_after xid8;
+COMMENT ON COLUMN @extschema@.messages.ordered_after IS
+    'Ordered messages: claimed only once every transaction id below this has ended (set at insert; so a lower id committed later is delivered first)';
+
+CREATE FUNCTION @extschema@._message_xid_first()
+    RETURNS trigger
+    AS 'MODULE_PATHNAME', 'od_message_xid_first'
+    LANGUAGE C;
+
+-- The inserting transaction gets its xid before the statement draws a
+-- message id, so ordered_after (set by messages_check) covers every
+-- transaction that holds a lower id.
+CREATE TRIGGER messages_xid_first
+    BEFORE INSERT ON @extschema@.messages
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._message_xid_first();
+REVOKE ALL ON FUNCTION @extschema@._message_xid_first() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@._message_xid_first() TO outbox_admin;
+
 -- ---------------------------------------------------------------- deliver_after_replication
 -- deliver_after_replication: workers holding claimed messages until the
 -- synchronous standbys confirm them, how many, and since when.
@@ -164,6 +183,7 @@ CREATE FUNCTION @extschema@._replication_wait(
 REVOKE ALL ON FUNCTION @extschema@._replication_wait() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@._replication_wait() TO outbox_monitor, outbox_admin;
 
+-- ---------------------------------------------------------------- health and metrics
 CREATE OR REPLACE VIEW @extschema@.health AS
 SELECT count(*) FILTER (WHERE status = 'pending')                          AS pending,
        count(*) FILTER (WHERE status = 'processing')                       AS processing,
@@ -174,7 +194,13 @@ SELECT count(*) FILTER (WHERE status = 'pending')                          AS pe
        count(*) FILTER (WHERE status = 'processing' AND lease_until < now()) AS expired_leases,
        @extschema@._lost_leases()                                          AS lost_leases,
        (SELECT r.waiting_workers FROM @extschema@._replication_wait() AS r) AS replication_waiting_workers,
-       now() - (SELECT r.waiting_since FROM @extschema@._replication_wait() AS r) AS replication_wait
+       now() - (SELECT r.waiting_since FROM @extschema@._replication_wait() AS r) AS replication_wait,
+       count(*) FILTER (WHERE status = 'pending' AND ordered
+                          AND ordered_after > pg_snapshot_xmin(pg_current_snapshot())
+                          AND ordered_after <= pg_snapshot_xmax(pg_current_snapshot()))
+                                                                           AS ordered_waiting_on_transactions,
+       (SELECT now() - min(a.xact_start) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_xid IS NOT NULL)
+                                                                           AS oldest_transaction_age
   FROM @extschema@.messages;
 
 CREATE OR REPLACE FUNCTION @extschema@.metrics()
@@ -251,6 +277,13 @@ lines AS (
                      '# TYPE outbox_replication_wait_seconds gauge\noutbox_replication_wait_seconds %s',
                      r.waiting_workers, r.held_messages, coalesce(extract(epoch FROM now() - r.waiting_since), 0))
       FROM @extschema@._replication_wait() AS r
+    UNION ALL
+    SELECT 9, format(E'# HELP outbox_ordered_waiting_on_transactions Ordered messages held back until older transactions end.\n'
+                     '# TYPE outbox_ordered_waiting_on_transactions gauge\noutbox_ordered_waiting_on_transactions %s\n'
+                     '# HELP outbox_oldest_transaction_age_seconds Age of the oldest transaction with an xid (ordered messages wait for it; needs pg_read_all_stats).\n'
+                     '# TYPE outbox_oldest_transaction_age_seconds gauge\noutbox_oldest_transaction_age_seconds %s',
+                     ordered_waiting_on_transactions, coalesce(extract(epoch FROM oldest_transaction_age), 0))
+      FROM h
 )
 SELECT string_agg(txt, E'\n' ORDER BY ord) || E'\n' FROM lines WHERE txt IS NOT NULL
 $$;

@@ -206,6 +206,7 @@ CREATE TABLE @extschema@.messages (
     last_error       text,
     last_http_status integer,
     done_at          timestamptz,
+    ordered_after    xid8,
     CONSTRAINT messages_lease_check
         CHECK ((status = 'processing') = (lease_until IS NOT NULL))
 );
@@ -230,6 +231,8 @@ ALTER TABLE @extschema@.messages SET (
 
 COMMENT ON TABLE @extschema@.messages IS
     'Transactional outbox: one row per message, delivered at least once';
+COMMENT ON COLUMN @extschema@.messages.ordered_after IS
+    'Ordered messages: claimed only once every transaction id below this has ended (set at insert; so a lower id committed later is delivered first)';
 COMMENT ON COLUMN @extschema@.messages.lease_version IS
     'Fencing token: incremented by every claim; finalizes must present it';
 
@@ -263,6 +266,18 @@ CREATE TRIGGER messages_check
     BEFORE INSERT OR UPDATE OF aggregate_type, aggregate_id, event_type, headers, payload
     ON @extschema@.messages
     FOR EACH ROW EXECUTE FUNCTION @extschema@._message_check();
+
+CREATE FUNCTION @extschema@._message_xid_first()
+    RETURNS trigger
+    AS 'MODULE_PATHNAME', 'od_message_xid_first'
+    LANGUAGE C;
+
+-- The inserting transaction gets its xid before the statement draws a
+-- message id, so ordered_after (set by messages_check) covers every
+-- transaction that holds a lower id.
+CREATE TRIGGER messages_xid_first
+    BEFORE INSERT ON @extschema@.messages
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._message_xid_first();
 
 CREATE FUNCTION @extschema@._wake_trigger()
     RETURNS trigger
@@ -515,7 +530,13 @@ SELECT count(*) FILTER (WHERE status = 'pending')                          AS pe
        count(*) FILTER (WHERE status = 'processing' AND lease_until < now()) AS expired_leases,
        @extschema@._lost_leases()                                          AS lost_leases,
        (SELECT r.waiting_workers FROM @extschema@._replication_wait() AS r) AS replication_waiting_workers,
-       now() - (SELECT r.waiting_since FROM @extschema@._replication_wait() AS r) AS replication_wait
+       now() - (SELECT r.waiting_since FROM @extschema@._replication_wait() AS r) AS replication_wait,
+       count(*) FILTER (WHERE status = 'pending' AND ordered
+                          AND ordered_after > pg_snapshot_xmin(pg_current_snapshot())
+                          AND ordered_after <= pg_snapshot_xmax(pg_current_snapshot()))
+                                                                           AS ordered_waiting_on_transactions,
+       (SELECT now() - min(a.xact_start) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_xid IS NOT NULL)
+                                                                           AS oldest_transaction_age
   FROM @extschema@.messages;
 
 CREATE VIEW @extschema@.attempts_histogram AS
@@ -658,6 +679,13 @@ lines AS (
                      '# TYPE outbox_replication_wait_seconds gauge\noutbox_replication_wait_seconds %s',
                      r.waiting_workers, r.held_messages, coalesce(extract(epoch FROM now() - r.waiting_since), 0))
       FROM @extschema@._replication_wait() AS r
+    UNION ALL
+    SELECT 9, format(E'# HELP outbox_ordered_waiting_on_transactions Ordered messages held back until older transactions end.\n'
+                     '# TYPE outbox_ordered_waiting_on_transactions gauge\noutbox_ordered_waiting_on_transactions %s\n'
+                     '# HELP outbox_oldest_transaction_age_seconds Age of the oldest transaction with an xid (ordered messages wait for it; needs pg_read_all_stats).\n'
+                     '# TYPE outbox_oldest_transaction_age_seconds gauge\noutbox_oldest_transaction_age_seconds %s',
+                     ordered_waiting_on_transactions, coalesce(extract(epoch FROM oldest_transaction_age), 0))
+      FROM h
 )
 SELECT string_agg(txt, E'\n' ORDER BY ord) || E'\n' FROM lines WHERE txt IS NOT NULL
 $$;

@@ -47,6 +47,12 @@ od_schema_announces_endpoint_changes(int schema)
     return schema >= OD_SCHEMA_0_3_0;
 }
 
+bool
+od_schema_records_commit_order(int schema)
+{
+    return schema >= OD_SCHEMA_0_3_0;
+}
+
 char *
 od_installed_version(void)
 {

@@ -25,22 +25,29 @@
 #define OD_SCHEMA_PREVIOUS OD_SCHEMA_0_2_2
 
 /* The schema number of an extversion string; 0 for one this library never shipped. */
-extern int   od_schema_number(const char *extversion);
+extern int               od_schema_number(const char *extversion);
 /* Does this library serve that schema (the support policy above)? */
-extern bool  od_schema_served(int schema);
+extern bool              od_schema_served(int schema);
 
 /*
  * Does the schema tell the workers when outbox.endpoints changes (the
  * endpoints_changed trigger bumps od_shared->endpoints_generation at
  * commit)?  Without it they re-read the table every poll_interval.
  */
-extern bool  od_schema_announces_endpoint_changes(int schema);
+extern bool              od_schema_announces_endpoint_changes(int schema);
 
 /*
  * The installed extension's version (palloc'd in the current context), or
  * NULL when it is not installed in this database.  Needs SPI.
  */
-extern char *od_installed_version(void);
+extern char             *od_installed_version(void);
+
+/*
+ * Does the schema record, per message, the transactions an ordered message
+ * must wait for (messages.ordered_after, set by the insert trigger; 0.3.0)?
+ * Before, ordered delivery relied on producers locking the aggregate.
+ */
+extern bool              od_schema_records_commit_order(int schema);
 
 /*
  * An error for SQL functions of a schema this library does not serve:
@@ -53,7 +60,7 @@ extern char *od_installed_version(void);
  * outbox.endpoints.headers and outbox.messages.headers) as "Name: value\n"
  * lines, palloc'd.
  */
-extern char *od_header_lines_text(Datum d);
+extern char             *od_header_lines_text(Datum d);
 
 /* outbox.endpoints as the workers read it: one enabled endpoint. */
 typedef struct OdEndpointRow

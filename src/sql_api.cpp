@@ -190,7 +190,14 @@ od_claim_v022_sql(PG_FUNCTION_ARGS)
     MemoryContextSwitchTo(oldcxt);
 
     level = od_spi_connect();
-    od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, -1, OD_CLAIM_CHECK_LEASES);
+    {
+        char *version = od_installed_version();
+        int   flags = OD_CLAIM_CHECK_LEASES;
+
+        if (version != nullptr && od_schema_records_commit_order(od_schema_number(version)))
+            flags |= OD_CLAIM_COMMIT_ORDER;
+        od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, -1, flags);
+    }
     oldcxt = MemoryContextSwitchTo(per_query);
     {
         /* the claim returns the lease deadline too (the workers' fence); the SQL API returns OD_CLAIM_NATTS */

@@ -78,7 +78,7 @@ extern "C" {
 /* ---------------------------------------------------------------- plans */
 
 static SPIPlanPtr plan_reap = nullptr;
-static SPIPlanPtr plan_claim[2] = { nullptr, nullptr };
+static SPIPlanPtr plan_claim[2][2] = { { nullptr, nullptr }, { nullptr, nullptr } };
 static SPIPlanPtr plan_next_deadline = nullptr;
 static SPIPlanPtr plan_finalize = nullptr;
 static SPIPlanPtr plan_retry = nullptr;
@@ -134,15 +134,30 @@ static const char *const SQL_NEXT_DEADLINE =
     "      FOR UPDATE OF m SKIP LOCKED) AS expired" \
     "  UNION ALL"
 
-#define SQL_CLAIM_READY_ARM \
+/*
+ * An ordered message waits for every earlier message of its aggregate.
+ * From 0.3.0 it also waits, whatever the producers lock, for every
+ * transaction that could still commit an earlier one: the insert trigger
+ * gives each message its id only after its transaction has an xid, and
+ * records in ordered_after the next xid as of then, so every transaction
+ * holding a lower id has an xid below it.  Once the snapshot's xmin has
+ * reached it they have all ended, and their messages are visible to the
+ * NOT EXISTS.  A value beyond the snapshot's xmax never came from this
+ * cluster's xid counter (a dump restored elsewhere): not waited for.
+ */
+#define ORDERED_AFTER_OLDER_TRANSACTIONS \
+    " AND (m.ordered_after IS NULL OR m.ordered_after <= pg_snapshot_xmin(pg_current_snapshot())" \
+    "      OR m.ordered_after > pg_snapshot_xmax(pg_current_snapshot()))"
+
+#define SQL_CLAIM_READY_ARM(commit_order) \
     "  SELECT r.id FROM (SELECT endpoint, n FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q" \
     "   CROSS JOIN LATERAL (" \
     "    SELECT m.id FROM outbox.messages AS m" \
     "     WHERE m.endpoint = q.endpoint AND m.status = 'pending' AND m.available_at <= now()" \
-    "       AND (NOT m.ordered OR NOT EXISTS (" \
+    "       AND (NOT m.ordered OR (NOT EXISTS (" \
     "             SELECT 1 FROM outbox.messages AS p" \
     "              WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
-    "                AND p.id < m.id AND p.status <> 'done'))" \
+    "                AND p.id < m.id AND p.status <> 'done')" commit_order "))" \
     "     ORDER BY m.available_at, m.id LIMIT q.n" \
     "       FOR UPDATE OF m SKIP LOCKED) AS r" \
     "  LIMIT $2) "
@@ -156,13 +171,18 @@ static const char *const SQL_NEXT_DEADLINE =
     "          o.event_type, o.payload, o.headers, o.ordered, o.created_at, o.lease_until"
 
 /*
- * [0]: with the expired-lease arm; [1]: ready rows only, for when no lease
- * can have expired yet ($4 and $7 unused: declared parameters need not be
- * referenced).
+ * [commit order][check]: [1][*] for schemas with messages.ordered_after
+ * (0.3.0), [0][*] before; [*][0] with the expired-lease arm, [*][1] ready
+ * rows only, for when no lease can have expired yet ($4 and $7 unused:
+ * declared parameters need not be referenced).
  */
-static const char *const SQL_CLAIM[2] = { SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED)
-                                              SQL_CLAIM_READY_ARM                           SQL_CLAIM_UPDATE,
-                                          SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM SQL_CLAIM_UPDATE };
+#define SQL_CLAIM_VARIANTS(order) \
+    { \
+        SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED) SQL_CLAIM_READY_ARM(order) SQL_CLAIM_UPDATE, \
+            SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM(order) SQL_CLAIM_UPDATE \
+    }
+static const char *const SQL_CLAIM[2][2] = { SQL_CLAIM_VARIANTS(""),
+                                             SQL_CLAIM_VARIANTS(ORDERED_AFTER_OLDER_TRANSACTIONS) };
 
 static const char *const SQL_FINALIZE =
     "UPDATE outbox.messages AS m"
@@ -347,6 +367,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
     };
     const bool     check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
     const int      which = check ? 0 : 1;
+    const int      order = (flags & OD_CLAIM_COMMIT_ORDER) != 0 ? 1 : 0;
     Datum          args[7];
     char           nulls[7] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
     uint64         reaped = 0;
@@ -365,7 +386,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
             elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
         reaped = SPI_processed;
     }
-    od_prepare_hot(&plan_claim[which], SQL_CLAIM[which], 7, claim_types);
+    od_prepare_hot(&plan_claim[order][which], SQL_CLAIM[order][which], 7, claim_types);
 
     args[0] = CStringGetTextDatum(owner);
     args[1] = Int32GetDatum(batch);
@@ -393,7 +414,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
         args[5] = PointerGetDatum(build_array(ns, nullptr, n_endpoints, INT4OID));
         args[6] = PointerGetDatum(build_array(tk, nullptr, n_endpoints, BOOLOID));
     }
-    rc = SPI_execute_plan(plan_claim[which], args, nulls, false, 0);
+    rc = SPI_execute_plan(plan_claim[order][which], args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)
         elog(ERROR, "outbox_dispatcher: claim failed: %s", SPI_result_code_string(rc));
     claimed = SPI_tuptable;

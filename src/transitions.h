@@ -45,6 +45,7 @@ extern void od_fix_plan_shapes(void);
 
 /* od_claim flags */
 #define OD_CLAIM_CHECK_LEASES 0x01 /* reap and take over expired leases first */
+#define OD_CLAIM_COMMIT_ORDER 0x02 /* the schema has messages.ordered_after (od_schema_records_commit_order) */
 
 /*
  * With OD_CLAIM_CHECK_LEASES, reap exhausted expired leases and take over

@@ -18,6 +18,7 @@
 
 extern "C" {
 #include "access/htup_details.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -27,8 +28,10 @@ extern "C" {
 #include "lib/stringinfo.h"
 #include "utils/jsonb.h"
 #include "utils/rel.h"
+#include "utils/xid8.h"
 
 PG_FUNCTION_INFO_V1(od_message_check);
+PG_FUNCTION_INFO_V1(od_message_xid_first);
 PG_FUNCTION_INFO_V1(od_endpoint_check);
 PG_FUNCTION_INFO_V1(od_endpoint_check_v030);
 }
@@ -203,6 +206,49 @@ check_headers_object(Jsonb *jb, const char *what)
 
 /* ---------------------------------------------------------------- messages */
 
+/*
+ * An ordered message's ordered_after (0.3.0; absent before), unless the row
+ * comes with one: the next xid as of now, after the row's id was drawn.  Every transaction that drew a
+ * lower id had its xid before (messages_xid_first), so below this value;
+ * the claim takes the message only once every xid below it has ended, so
+ * that a lower id of the same aggregate committed by a slower producer is
+ * seen first (transitions.cpp, ORDERED_AFTER_OLDER_TRANSACTIONS).
+ */
+static HeapTuple
+record_commit_order(TriggerData *trig, HeapTuple tup)
+{
+    TupleDesc desc = RelationGetDescr(trig->tg_relation);
+    int       attno = SPI_fnumber(desc, "ordered_after");
+    bool      isnull;
+    Datum     ordered;
+    Datum     value;
+    bool      value_null = false;
+
+    if (attno <= 0)
+        return tup; /* a schema before 0.3.0 */
+    /*
+     * A value given with the row is kept: producers cannot write the column
+     * (it is not in their INSERT grant), so it comes from a restore — of this
+     * cluster, or of another one, whose values the claim recognizes as not of
+     * this cluster's (beyond the next xid) and does not wait for.
+     */
+    (void) heap_getattr(tup, attno, desc, &isnull);
+    if (!isnull)
+        return tup;
+    ordered = column(trig, tup, "ordered", &isnull);
+    if (!isnull && DatumGetBool(ordered))
+    {
+        (void) GetTopTransactionId(); /* a row inserted with the statement trigger disabled */
+        value = FullTransactionIdGetDatum(ReadNextFullTransactionId());
+    }
+    else
+    {
+        value = (Datum) 0;
+        value_null = true;
+    }
+    return heap_modify_tuple_by_cols(tup, desc, 1, &attno, &value, &value_null);
+}
+
 extern "C" Datum
 od_message_check(PG_FUNCTION_ARGS)
 {
@@ -263,8 +309,30 @@ od_message_check(PG_FUNCTION_ARGS)
                                DatumGetCString(DirectFunctionCall1(timestamptz_out, d)),
                                GetConfigOptionByName("outbox_dispatcher.max_schedule_ahead", nullptr, false))));
         }
+        tup = record_commit_order(trig, tup);
     }
     return PointerGetDatum(tup);
+}
+
+/*
+ * Statement trigger messages_xid_first (0.3.0), BEFORE INSERT: the
+ * inserting transaction has an xid before the statement draws any message
+ * id (a BEFORE STATEMENT trigger fires before the first row is formed, so
+ * before its identity default runs).  Then every transaction holding a
+ * message id has an xid older than the next xid read after that id was
+ * drawn — what record_commit_order stores and the claim waits for.
+ */
+extern "C" Datum
+od_message_xid_first(PG_FUNCTION_ARGS)
+{
+    TriggerData *trig = (TriggerData *) fcinfo->context;
+
+    if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trig->tg_event) || TRIGGER_FIRED_FOR_ROW(trig->tg_event))
+        ereport(ERROR,
+                (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                 errmsg("function \"%s\" must be fired BEFORE STATEMENT", "_message_xid_first")));
+    (void) GetTopTransactionId();
+    return PointerGetDatum(nullptr);
 }
 
 /* ---------------------------------------------------------------- endpoints */

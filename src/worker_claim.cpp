@@ -195,7 +195,8 @@ do_claim(int capacity, bool with_finalize)
     if (fin)
         finalize_run(&fb);
     reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, takeover, m,
-                      (check_leases ? OD_CLAIM_CHECK_LEASES : 0));
+                      (check_leases ? OD_CLAIM_CHECK_LEASES : 0) |
+                          (od_schema_records_commit_order(W.schema) ? OD_CLAIM_COMMIT_ORDER : 0));
     n = (int) SPI_processed;
     rows = (ClaimRow *) MemoryContextAllocZero(W.cycle_ctx, sizeof(ClaimRow) * (n + 1));
     for (int i = 0; i < n; i++)
