@@ -236,16 +236,10 @@ record_commit_order(TriggerData *trig, HeapTuple tup)
     if (!isnull)
         return tup;
     ordered = column(trig, tup, "ordered", &isnull);
-    if (!isnull && DatumGetBool(ordered))
-    {
-        (void) GetTopTransactionId(); /* a row inserted with the statement trigger disabled */
-        value = FullTransactionIdGetDatum(ReadNextFullTransactionId());
-    }
-    else
-    {
-        value = (Datum) 0;
-        value_null = true;
-    }
+    if (isnull || !DatumGetBool(ordered))
+        return tup;               /* unordered: nothing to wait for */
+    (void) GetTopTransactionId(); /* a row inserted with the statement trigger disabled */
+    value = FullTransactionIdGetDatum(ReadNextFullTransactionId());
     return heap_modify_tuple_by_cols(tup, desc, 1, &attno, &value, &value_null);
 }
 
