@@ -97,6 +97,30 @@ ok( poll_until($primary, q{SELECT count(*) FROM outbox.worker_stats WHERE state 
 is($primary->safe_psql('postgres', q{SELECT replication_waiting_workers, replication_wait IS NULL FROM outbox.health}),
 	'0|t', 'outbox.health: nobody waits for the standby');
 
+# ------------------------------------------------------------------ requests in flight go on while a claim waits
+$primary->safe_psql('postgres', q{UPDATE outbox.endpoints SET timeout = interval '3.5 s'});
+$sink->script({ path => '/hook', status => 200, delay_ms => 3000 });
+is(enqueue_local($primary, 10, 'inflight'), '10', '10 messages committed; the receiver answers after 3 s (timeout 3.5 s)');
+{
+	my $deadline = time() + 10;
+	sleep(0.02) while ($sink->stats->{in_flight} // 0) < 10 && time() < $deadline;
+	cmp_ok($sink->stats->{in_flight} // 0, '>=', 10, 'they are in flight at the receiver');
+}
+$standby->stop('fast');
+ok(poll_until($primary, q{SELECT count(*) FROM pg_stat_replication}, '0', 30), 'the standby is gone');
+is(enqueue_local($primary, 10, 'behind'), '10', '10 more committed while the standby is down');
+ok( poll_until($primary, q{SELECT count(*) > 0 FROM outbox.worker_stats WHERE state = 'waiting for replication'}, 't', 10),
+	'a worker waits for the standby with the new claim');
+is(done_count($primary, 'inflight'), '0', 'the earlier requests are still in flight then');
+ok(poll_until($primary, "SELECT count(*) FROM outbox.messages WHERE event_type = 'order.inflight' AND status = 'done'", '10', 10),
+	'meanwhile the requests in flight finished and were finalized');
+is(done_count($primary, 'behind'), '0', 'and the waiting claim sent nothing');
+$sink->script({ path => '/hook', status => 200 });
+$primary->safe_psql('postgres', q{UPDATE outbox.endpoints SET timeout = interval '2 s'});
+$standby->start;
+ok(poll_until($primary, "SELECT count(*) FROM outbox.messages WHERE event_type = 'order.behind' AND status = 'done'", '10', 30),
+	'the standby back: the waiting claim is delivered');
+
 # ------------------------------------------------------------------ standby down: held
 $standby->stop('fast');
 ok(poll_until($primary, q{SELECT count(*) FROM pg_stat_replication}, '0', 30), 'the standby is gone');

@@ -972,15 +972,8 @@ TEST(Dispatcher, ReleaseQueuedKeepsTransfersInFlight) {
     d.add_endpoint(ep);
     d.end_endpoints();
     for (int i = 1; i <= 3; i++) {
-        od::ClaimedMessage m;
-        m.id = i;
+        od::ClaimedMessage m = message(i, "e", 1);
         m.lease_version = 7;
-        m.attempts = 1;
-        m.endpoint = "e";
-        m.event_type = "E";
-        m.aggregate_type = "a";
-        m.aggregate_id = "1";
-        m.body = "{}";
         d.add(std::move(m));
     }
     d.pump(0);
