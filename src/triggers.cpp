@@ -208,8 +208,9 @@ check_headers_object(Jsonb *jb, const char *what)
 
 /*
  * An ordered message's ordered_after (0.3.0; absent before), unless the row
- * comes with one: the next xid as of now, after the row's id was drawn.  Every transaction that drew a
- * lower id had its xid before (messages_xid_first), so below this value;
+ * comes with one: the next xid as of now, after the row's id was drawn.
+ * Every transaction that drew a lower id had its xid before
+ * (messages_xid_first), so below this value;
  * the claim takes the message only once every xid below it has ended, so
  * that a lower id of the same aggregate committed by a slower producer is
  * seen first (transitions.cpp, ORDERED_AFTER_OLDER_TRANSACTIONS).

@@ -95,6 +95,7 @@ replication_may_send(TimestampTz now)
     XLogRecPtr   confirmed;
     bool         was_stalled;
     uint64       waited_for;
+    int64        hold_us = od::replication_hold_limit_us((int64) od_lease_ms * 1000);
     od::GateStep step;
 
     if (!od::gate_waiting(W.gate))
@@ -107,8 +108,7 @@ replication_may_send(TimestampTz now)
     confirmed = confirmed_flush();
     was_stalled = W.gate.stalled_lsn != 0;
     waited_for = W.gate.awaiting_lsn;
-    step = od::gate_step(W.gate, (uint64) confirmed, (int64) now,
-                         od::replication_hold_limit_us((int64) od_lease_ms * 1000));
+    step = od::gate_step(W.gate, (uint64) confirmed, (int64) now, hold_us);
     if (step == od::GateStep::Release)
     {
         size_t n = W.disp->queued();
@@ -118,8 +118,7 @@ replication_may_send(TimestampTz now)
         ereport(LOG,
                 (errmsg("outbox_dispatcher worker %d: the synchronous standbys have not confirmed WAL position %X/%X "
                         "in %lld ms; released %zu message(s), no claims until they do",
-                        W.worker_index, OD_LSN_ARGS(waited_for),
-                        (long long) (od::replication_hold_limit_us((int64) od_lease_ms * 1000) / 1000), n),
+                        W.worker_index, OD_LSN_ARGS(waited_for), (long long) (hold_us / 1000), n),
                  errdetail("outbox_dispatcher.deliver_after_replication is on; confirmed so far: %X/%X.",
                            OD_LSN_ARGS(confirmed))));
     }
