@@ -203,6 +203,239 @@ SELECT count(*) FILTER (WHERE status = 'pending')                          AS pe
                                                                            AS oldest_transaction_age
   FROM @extschema@.messages;
 
+-- ---------------------------------------------------------------- dead_at, ordering per endpoint
+ALTER TABLE @extschema@.messages ADD COLUMN dead_at timestamptz;
+COMMENT ON COLUMN @extschema@.messages.dead_at IS
+    'When the message last became dead (kept when it is retried): what recover() selects by';
+
+-- The ordered head check: an earlier unfinished message of the same
+-- aggregate for the same endpoint (ordering is per aggregate per endpoint).
+DROP INDEX @extschema@.messages_open;
+CREATE INDEX messages_open   ON @extschema@.messages (aggregate_type, aggregate_id, endpoint, id)
+    WHERE status <> 'done';
+
+-- ---------------------------------------------------------------- subscriptions (fan-out)
+-- publish() creates one delivery (a row of outbox.messages) per endpoint
+-- with at least one enabled subscription matching the event: one of its
+-- event_types patterns matches the event type ('*' matches any run of
+-- characters) and, when it has a filter, the payload contains the filter
+-- (jsonb @>).  Deleting an endpoint deletes its subscriptions.
+CREATE TABLE @extschema@.subscriptions (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    endpoint    text        NOT NULL
+                REFERENCES @extschema@.endpoints (name) ON UPDATE CASCADE ON DELETE CASCADE,
+    event_types text[]      NOT NULL,
+    filter      jsonb,
+    enabled     boolean     NOT NULL DEFAULT true,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX subscriptions_endpoint ON @extschema@.subscriptions (endpoint);
+
+COMMENT ON TABLE @extschema@.subscriptions IS
+    'Which events publish() delivers to which endpoint';
+COMMENT ON COLUMN @extschema@.subscriptions.event_types IS
+    'Event type patterns (1 to 64, each 1 to 256 bytes); * matches any run of characters, e.g. {order.*}';
+COMMENT ON COLUMN @extschema@.subscriptions.filter IS
+    'Null, or a JSON object the payload must contain (jsonb @>), e.g. {"country": "FR"}';
+
+-- Patterns and filter are checked in code: a violated table constraint
+-- would copy the row into the server log.
+CREATE FUNCTION @extschema@._subscription_check()
+    RETURNS trigger
+    AS 'MODULE_PATHNAME', 'od_subscription_check'
+    LANGUAGE C
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE TRIGGER subscriptions_check
+    BEFORE INSERT OR UPDATE ON @extschema@.subscriptions
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._subscription_check();
+
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.subscriptions', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.subscriptions_id_seq', '');
+
+-- ---------------------------------------------------------------- attempt log
+-- One row per HTTP request the workers made, written in their finalize
+-- transaction (outbox_dispatcher.attempt_log: all, failures or off).  A ring
+-- of 32 partitions, one per UTC day modulo 32 (bucket): the workers keep
+-- today and the attempt_log_retention days before it and TRUNCATE every
+-- other partition, so old days go without dead rows or vacuum, and the
+-- workers never run DDL.  Not dumped by pg_dump (a log, like the
+-- statistics views).  response_body: the first 1 KB of the answer,
+-- sanitized like last_error (readable by outbox_monitor and outbox_admin).
+CREATE TABLE @extschema@.attempts (
+    message_id    bigint           NOT NULL,
+    lease_version bigint           NOT NULL,
+    attempt       integer          NOT NULL,
+    endpoint      text             NOT NULL,
+    worker        integer          NOT NULL,
+    started_at    timestamptz      NOT NULL,
+    duration_ms   double precision NOT NULL,
+    outcome       text             NOT NULL,
+    http_status   integer,
+    error_class   text,
+    retry_after   text,
+    response_body text,
+    bucket        smallint         NOT NULL
+) PARTITION BY LIST (bucket);
+
+DO $partitions$
+BEGIN
+    FOR b IN 0..31 LOOP
+        EXECUTE pg_catalog.format('CREATE TABLE @extschema@.%I PARTITION OF @extschema@.attempts FOR VALUES IN (%s)',
+                                  'attempts_' || pg_catalog.lpad(b::text, 2, '0'), b);
+    END LOOP;
+END
+$partitions$;
+
+CREATE INDEX attempts_message ON @extschema@.attempts (message_id, lease_version);
+CREATE INDEX attempts_started ON @extschema@.attempts USING brin (started_at);
+
+COMMENT ON TABLE @extschema@.attempts IS
+    'One row per HTTP attempt of the workers (outbox_dispatcher.attempt_log), kept outbox_dispatcher.attempt_log_retention';
+COMMENT ON COLUMN @extschema@.attempts.lease_version IS
+    'The claim that made the attempt (the fencing token): with message_id, one row per request';
+COMMENT ON COLUMN @extschema@.attempts.attempt IS
+    'X-Outbox-Attempt as sent (a deferred attempt is refunded, so the next request repeats the number)';
+COMMENT ON COLUMN @extschema@.attempts.outcome IS
+    'done, retry, defer or dead as the worker decided; lost when the lease had been taken over';
+COMMENT ON COLUMN @extschema@.attempts.error_class IS
+    'Null when an HTTP response came; else timeout, dns, connect, tls, connection, protocol or other';
+COMMENT ON COLUMN @extschema@.attempts.bucket IS
+    'UTC day number modulo 32: the partition (attempts_00 .. attempts_31)';
+
+REVOKE ALL ON @extschema@.subscriptions, @extschema@.attempts FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@._subscription_check() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@._subscription_check() TO outbox_admin;
+DO $attempt_privileges$
+BEGIN
+    FOR b IN 0..31 LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON @extschema@.%I FROM PUBLIC',
+                                  'attempts_' || pg_catalog.lpad(b::text, 2, '0'));
+        EXECUTE pg_catalog.format('GRANT SELECT, DELETE, TRUNCATE ON @extschema@.%I TO outbox_admin',
+                                  'attempts_' || pg_catalog.lpad(b::text, 2, '0'));
+    END LOOP;
+END
+$attempt_privileges$;
+GRANT SELECT ON @extschema@.subscriptions, @extschema@.attempts TO outbox_monitor;
+GRANT SELECT (endpoint, event_types, filter, enabled) ON @extschema@.subscriptions TO outbox_producer;
+GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.subscriptions TO outbox_admin;
+GRANT SELECT, INSERT ON @extschema@.attempts TO outbox_admin;
+
+-- ---------------------------------------------------------------- fan-out
+-- publish() and subscribers() run with the caller's rights, like enqueue():
+-- producers read the routing columns of outbox.subscriptions.
+CREATE FUNCTION @extschema@.publish(
+    aggregate_type text,
+    aggregate_id   text,
+    event_type     text,
+    payload        jsonb,
+    ordered        boolean     DEFAULT false,
+    available_at   timestamptz DEFAULT now(),
+    headers        jsonb       DEFAULT NULL)
+    RETURNS bigint[]
+    AS 'MODULE_PATHNAME', 'od_publish_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION @extschema@.subscribers(event_type text, payload jsonb)
+    RETURNS SETOF text
+    AS 'MODULE_PATHNAME', 'od_subscribers_sql'
+    LANGUAGE C STABLE
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.publish(text, text, text, jsonb, boolean, timestamptz, jsonb) IS
+    'Insert one delivery per endpoint subscribed to the event, in the current transaction; returns their ids (empty when none matches)';
+COMMENT ON FUNCTION @extschema@.subscribers(text, jsonb) IS
+    'The endpoints publish() would deliver this event to (for INSERT ... SELECT fan-out)';
+
+-- recovery by time window: what died (dead_at) or was delivered (done_at) in [since, until)
+CREATE FUNCTION @extschema@.recover(endpoint text, since timestamptz, until timestamptz DEFAULT now())
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'od_recover_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION @extschema@.replay_window(endpoint text, since timestamptz, until timestamptz DEFAULT now())
+    RETURNS bigint
+    AS 'MODULE_PATHNAME', 'od_replay_window_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.recover(text, timestamptz, timestamptz) IS
+    'Dead messages of the endpoint that died in [since, until) go back to pending, attempts reset; returns the count';
+COMMENT ON FUNCTION @extschema@.replay_window(text, timestamptz, timestamptz) IS
+    'Done messages of the endpoint delivered in [since, until) are delivered again (back to pending, attempts reset); returns the count';
+
+REVOKE ALL ON FUNCTION @extschema@.publish(text, text, text, jsonb, boolean, timestamptz, jsonb),
+    @extschema@.subscribers(text, jsonb),
+    @extschema@.recover(text, timestamptz, timestamptz),
+    @extschema@.replay_window(text, timestamptz, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.publish(text, text, text, jsonb, boolean, timestamptz, jsonb),
+    @extschema@.subscribers(text, jsonb) TO outbox_producer;
+GRANT EXECUTE ON FUNCTION @extschema@.subscribers(text, jsonb) TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION @extschema@.publish(text, text, text, jsonb, boolean, timestamptz, jsonb),
+    @extschema@.subscribers(text, jsonb),
+    @extschema@.recover(text, timestamptz, timestamptz),
+    @extschema@.replay_window(text, timestamptz, timestamptz) TO outbox_admin;
+
+-- ---------------------------------------------------------------- monitoring of fan-out and the attempt log
+-- Joins the shared state by id; enabled endpoints without a shared slot
+-- show as 'unserved'.  max_in_flight and rate_limit are shown as their base
+-- types, not as the domains of the table.
+CREATE OR REPLACE VIEW @extschema@.endpoint_health AS
+SELECT e.name AS endpoint,
+       e.enabled,
+       CASE WHEN NOT e.enabled THEN e.disabled_reason END AS disabled_reason,
+       coalesce(h.state,
+                CASE WHEN e.enabled AND @extschema@._endpoints_unserved() > 0 THEN 'unserved' ELSE 'closed' END)
+           AS state,
+       coalesce(h.consecutive_failures, 0) AS consecutive_failures,
+       coalesce(h.trips, 0) AS trips,
+       h.opened_at,
+       h.next_probe_at,
+       coalesce(h.in_flight, 0) AS in_flight,
+       e.max_in_flight::integer AS max_in_flight,
+       e.rate_limit::double precision AS rate_limit,
+       h.last_http_status,
+       h.last_error,
+       h.last_success_at,
+       h.last_failure_at,
+       coalesce(h.delivered, 0) AS delivered,
+       coalesce(h.failed, 0) AS failed,
+       h.latency_avg_ms,
+       h.latency_p50_ms,
+       h.latency_p99_ms,
+       h.latency_max_ms,
+       (SELECT count(*) FROM @extschema@.subscriptions AS s WHERE s.endpoint = e.name AND s.enabled)::integer
+           AS subscriptions
+  FROM @extschema@.endpoints AS e
+  LEFT JOIN @extschema@._endpoint_health() AS h ON h.relid = e.tableoid AND h.endpoint_id = e.id
+ ORDER BY e.name;
+
+-- The attempt log's last minute, per endpoint and outcome: reads only the
+-- partitions of today and of a minute ago, and in them only the block
+-- ranges of that minute (attempts_started is a BRIN index).
+CREATE VIEW @extschema@.attempt_stats AS
+SELECT a.endpoint,
+       a.outcome,
+       count(*) AS attempts,
+       avg(a.duration_ms) AS duration_avg_ms,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY a.duration_ms) AS duration_p50_ms,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY a.duration_ms) AS duration_p99_ms,
+       max(a.duration_ms) AS duration_max_ms
+  FROM @extschema@.attempts AS a
+ WHERE a.started_at >= now() - interval '1 minute'
+   AND a.bucket IN (mod(floor(extract(epoch FROM now()) / 86400)::bigint, 32)::smallint,
+                    mod(floor(extract(epoch FROM now() - interval '1 minute') / 86400)::bigint, 32)::smallint)
+ GROUP BY a.endpoint, a.outcome
+ ORDER BY a.endpoint, a.outcome;
+
+COMMENT ON VIEW @extschema@.attempt_stats IS
+    'HTTP attempts of the last minute per endpoint and outcome, from outbox.attempts (duration in milliseconds)';
+REVOKE ALL ON @extschema@.attempt_stats FROM PUBLIC;
+GRANT SELECT ON @extschema@.attempt_stats TO outbox_monitor, outbox_admin;
+
 CREATE OR REPLACE FUNCTION @extschema@.metrics()
     RETURNS text
     LANGUAGE sql STABLE
@@ -213,6 +446,7 @@ q AS (SELECT * FROM @extschema@.queue_depth),
 w AS (SELECT * FROM @extschema@.worker_stats),
 e AS (SELECT * FROM @extschema@.endpoint_health),
 a AS (SELECT * FROM @extschema@.attempts_histogram),
+t AS (SELECT * FROM @extschema@.attempt_stats),
 lines AS (
     SELECT 1 AS ord, E'# HELP outbox_messages Messages in outbox.messages by status.\n# TYPE outbox_messages gauge\n'
                      || string_agg(format('outbox_messages{status="%s"} %s', status, count), E'\n' ORDER BY status) AS txt
@@ -263,6 +497,8 @@ lines AS (
               || string_agg(format('outbox_endpoint_delivered_total{endpoint="%s"} %s', @extschema@._prom_label(endpoint), delivered), E'\n' ORDER BY endpoint)
               || E'\n# HELP outbox_endpoint_failed_total Retryable failures, since the server started.\n# TYPE outbox_endpoint_failed_total counter\n'
               || string_agg(format('outbox_endpoint_failed_total{endpoint="%s"} %s', @extschema@._prom_label(endpoint), failed), E'\n' ORDER BY endpoint)
+              || E'\n# HELP outbox_endpoint_subscriptions Enabled subscriptions of the endpoint (fan-out).\n# TYPE outbox_endpoint_subscriptions gauge\n'
+              || string_agg(format('outbox_endpoint_subscriptions{endpoint="%s"} %s', @extschema@._prom_label(endpoint), subscriptions), E'\n' ORDER BY endpoint)
       FROM e
     UNION ALL
     SELECT 7, format(E'# HELP outbox_endpoints_unserved Enabled endpoints the workers cannot serve (outbox_dispatcher.max_endpoints is too low).\n'
@@ -284,6 +520,23 @@ lines AS (
                      '# TYPE outbox_oldest_transaction_age_seconds gauge\noutbox_oldest_transaction_age_seconds %s',
                      ordered_waiting_on_transactions, coalesce(extract(epoch FROM oldest_transaction_age), 0))
       FROM h
+    UNION ALL
+    SELECT 10, E'# HELP outbox_attempts_last_minute HTTP attempts of the last minute by endpoint and outcome (outbox.attempts).\n'
+               '# TYPE outbox_attempts_last_minute gauge'
+               || coalesce(E'\n' || string_agg(format('outbox_attempts_last_minute{endpoint="%s",outcome="%s"} %s',
+                                                         @extschema@._prom_label(endpoint), outcome, attempts),
+                                                  E'\n' ORDER BY endpoint, outcome), '')
+               || E'\n# HELP outbox_attempt_duration_p50_seconds Median HTTP attempt duration of the last minute (outbox.attempts).\n'
+               '# TYPE outbox_attempt_duration_p50_seconds gauge'
+               || coalesce(E'\n' || string_agg(format('outbox_attempt_duration_p50_seconds{endpoint="%s",outcome="%s"} %s',
+                                                         @extschema@._prom_label(endpoint), outcome, duration_p50_ms / 1000.0),
+                                                  E'\n' ORDER BY endpoint, outcome), '')
+               || E'\n# HELP outbox_attempt_duration_p99_seconds 99th percentile HTTP attempt duration of the last minute (outbox.attempts).\n'
+               '# TYPE outbox_attempt_duration_p99_seconds gauge'
+               || coalesce(E'\n' || string_agg(format('outbox_attempt_duration_p99_seconds{endpoint="%s",outcome="%s"} %s',
+                                                         @extschema@._prom_label(endpoint), outcome, duration_p99_ms / 1000.0),
+                                                  E'\n' ORDER BY endpoint, outcome), '')
+      FROM t
 )
 SELECT string_agg(txt, E'\n' ORDER BY ord) || E'\n' FROM lines WHERE txt IS NOT NULL
 $$;

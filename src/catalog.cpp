@@ -53,6 +53,12 @@ od_schema_records_commit_order(int schema)
     return schema >= OD_SCHEMA_0_3_0;
 }
 
+bool
+od_schema_has_fanout(int schema)
+{
+    return schema >= OD_SCHEMA_0_3_0;
+}
+
 char *
 od_installed_version(void)
 {

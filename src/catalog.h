@@ -50,6 +50,13 @@ extern char             *od_installed_version(void);
 extern bool              od_schema_records_commit_order(int schema);
 
 /*
+ * Does the schema have fan-out and the attempt log (0.3.0):
+ * outbox.subscriptions, outbox.attempts, messages.dead_at, and ordering
+ * per aggregate per endpoint (messages_open covers the endpoint)?
+ */
+extern bool              od_schema_has_fanout(int schema);
+
+/*
  * An error for SQL functions of a schema this library does not serve:
  * "function X of extension version V is not served by library L".
  */

@@ -95,6 +95,12 @@ od_unix_micros(TimestampTz ts)
     return ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
 }
 
+TimestampTz
+od_from_unix_micros(int64 unix_us)
+{
+    return unix_us - (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
+}
+
 Datum
 od_us_to_interval(int64 us)
 {

@@ -25,11 +25,12 @@ extern void  od_spi_finish(int nestlevel);
  * Time conversions, the only ones: saturating interval -> microseconds
  * (months as 30 days; infinite intervals saturate), microseconds -> an
  * interval Datum (palloc'd), and a TimestampTz as Unix seconds or
- * microseconds (what core/ and the wire use).
+ * microseconds (what core/ and the wire use), and back.
  */
 extern int64 od_interval_us(const Interval *iv);
 extern Datum od_us_to_interval(int64 us);
 extern int64 od_unix_seconds(TimestampTz ts);
 extern int64 od_unix_micros(TimestampTz ts);
+extern TimestampTz od_from_unix_micros(int64 unix_us);
 
 #endif /* OUTBOX_DISPATCHER_GUARD_H */

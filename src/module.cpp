@@ -49,6 +49,15 @@ int                            od_max_headers = 64;
 int                            od_max_schedule_ahead_s = 366 * 86400;
 int                            od_max_endpoints = 1024;
 char                          *od_ca_file = nullptr;
+int                            od_attempt_log = OD_ATTEMPT_LOG_ALL;
+int                            od_attempt_log_retention_s = 7 * 86400;
+
+static const struct config_enum_entry attempt_log_options[] = {
+    { "all", OD_ATTEMPT_LOG_ALL, false },
+    { "failures", OD_ATTEMPT_LOG_FAILURES, false },
+    { "off", OD_ATTEMPT_LOG_OFF, false },
+    { nullptr, 0, false },
+};
 
 OdShared                      *od_shared = nullptr;
 
@@ -177,6 +186,15 @@ od_define_gucs(void)
     DefineCustomIntVariable("outbox_dispatcher.retention",
                             "How long done messages are kept before the workers purge them (0 keeps them).", NULL,
                             &od_retention_s, 7 * 86400, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
+    DefineCustomEnumVariable("outbox_dispatcher.attempt_log",
+                             "Which delivery attempts the workers record in outbox.attempts: all, failures (every "
+                             "attempt not answered 2xx) or off.",
+                             NULL, &od_attempt_log, OD_ATTEMPT_LOG_ALL, attempt_log_options, PGC_SIGHUP, 0, NULL, NULL,
+                             NULL);
+    DefineCustomIntVariable("outbox_dispatcher.attempt_log_retention",
+                            "How long rows of outbox.attempts are kept (whole days, 1 to 30; a day is dropped whole).",
+                            NULL, &od_attempt_log_retention_s, 7 * 86400, 86400, 30 * 86400, PGC_SIGHUP, GUC_UNIT_S,
+                            NULL, NULL, NULL);
     DefineCustomStringVariable("outbox_dispatcher.source",
                                "CloudEvents source attribute (empty: /postgresql/<database>/outbox).", NULL, &od_source,
                                "", PGC_SIGHUP, 0, od_check_source, NULL, NULL);

@@ -28,6 +28,12 @@ extern int   od_max_headers;
 extern int   od_max_schedule_ahead_s;
 extern int   od_max_endpoints;
 extern char *od_ca_file;
+/* outbox_dispatcher.attempt_log */
+#define OD_ATTEMPT_LOG_ALL 0
+#define OD_ATTEMPT_LOG_FAILURES 1
+#define OD_ATTEMPT_LOG_OFF 2
+extern int   od_attempt_log;
+extern int   od_attempt_log_retention_s;
 
 #define OD_MAX_WORKERS 64
 #define OD_LATENCY_BUCKETS 32 /* core/histogram.hpp: bucket b counts < 2^b microseconds */

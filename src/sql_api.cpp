@@ -31,6 +31,8 @@ PG_FUNCTION_INFO_V1(od_retry_dead_sql);
 PG_FUNCTION_INFO_V1(od_skip_sql);
 PG_FUNCTION_INFO_V1(od_purge_sql);
 PG_FUNCTION_INFO_V1(od_replay_sql);
+PG_FUNCTION_INFO_V1(od_recover_sql);
+PG_FUNCTION_INFO_V1(od_replay_window_sql);
 PG_FUNCTION_INFO_V1(od_move_messages_sql);
 PG_FUNCTION_INFO_V1(od_lost_leases_sql);
 PG_FUNCTION_INFO_V1(od_pause_endpoint_sql);
@@ -224,8 +226,10 @@ od_claim_v022_sql(PG_FUNCTION_ARGS)
 static bool
 finalize_one(OdFinalize *item)
 {
-    int level = od_spi_connect();
-    od_finalize(item, 1);
+    int   level = od_spi_connect();
+    char *version = od_installed_version();
+
+    od_finalize(item, 1, version != nullptr && od_schema_has_fanout(od_schema_number(version)) ? OD_FINALIZE_DEAD_AT : 0);
     od_spi_finish(level);
     return item->applied;
 }
@@ -363,6 +367,52 @@ od_replay_sql(PG_FUNCTION_ARGS)
     if (n > 0)
         od_wake_at_commit();
     PG_RETURN_INT64((int64) n);
+}
+
+/*
+ * recover(endpoint, since, until) and replay_window(endpoint, since,
+ * until): the endpoint's dead messages that died in [since, until), or its
+ * done messages delivered then, back to pending with attempts reset (0.3.0).
+ * Ordered messages keep their order: the head check sees every recovered
+ * row of an aggregate as pending and releases them in id order.
+ */
+static Datum
+recover_window(FunctionCallInfo fcinfo, bool dead)
+{
+    TimestampTz since, until;
+    uint64      n;
+    int         level;
+
+    require_arg(fcinfo, 0, "endpoint");
+    require_arg(fcinfo, 1, "since");
+    require_arg(fcinfo, 2, "until");
+    since = PG_GETARG_TIMESTAMPTZ(1);
+    until = PG_GETARG_TIMESTAMPTZ(2);
+    if (since > until)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("since must not be later than until"),
+                 errdetail("The window given is %s to %s.",
+                           DatumGetCString(DirectFunctionCall1(timestamptz_out, PG_GETARG_DATUM(1))),
+                           DatumGetCString(DirectFunctionCall1(timestamptz_out, PG_GETARG_DATUM(2))))));
+    level = od_spi_connect();
+    require_endpoint(PG_GETARG_DATUM(0), nullptr);
+    n = od_recover_window(dead, TextDatumGetCString(PG_GETARG_DATUM(0)), since, until);
+    od_spi_finish(level);
+    if (n > 0)
+        od_wake_at_commit();
+    PG_RETURN_INT64((int64) n);
+}
+
+extern "C" Datum
+od_recover_sql(PG_FUNCTION_ARGS)
+{
+    return recover_window(fcinfo, true);
+}
+
+extern "C" Datum
+od_replay_window_sql(PG_FUNCTION_ARGS)
+{
+    return recover_window(fcinfo, false);
 }
 
 /*

@@ -77,10 +77,12 @@ extern "C" {
 
 /* ---------------------------------------------------------------- plans */
 
-static SPIPlanPtr plan_reap = nullptr;
+static SPIPlanPtr plan_reap[2] = { nullptr, nullptr };
 static SPIPlanPtr plan_claim[2][2] = { { nullptr, nullptr }, { nullptr, nullptr } };
 static SPIPlanPtr plan_next_deadline = nullptr;
-static SPIPlanPtr plan_finalize = nullptr;
+static SPIPlanPtr plan_finalize[2] = { nullptr, nullptr };
+static SPIPlanPtr plan_recover = nullptr;
+static SPIPlanPtr plan_replay_window = nullptr;
 static SPIPlanPtr plan_retry = nullptr;
 static SPIPlanPtr plan_retry_dead = nullptr;
 static SPIPlanPtr plan_skip = nullptr;
@@ -99,19 +101,20 @@ static SPIPlanPtr plan_enqueue = nullptr;
  */
 #define EXPIRED "lease_until < now()"
 
-#define SQL_REAP_TEXT(expired) \
+#define SQL_REAP_TEXT(expired, dead_at) \
     "WITH expired AS (" \
     "  SELECT id FROM outbox.messages" \
     "   WHERE " expired " AND attempts >= $1" \
     "   ORDER BY lease_until LIMIT $2" \
     "     FOR UPDATE SKIP LOCKED) " \
     "UPDATE outbox.messages AS m" \
-    "   SET status = 'dead', lease_owner = NULL, lease_until = NULL," \
+    "   SET status = 'dead', lease_owner = NULL, lease_until = NULL," dead_at \
     "       last_error = 'lease expired on attempt ' || m.attempts::text || ' of ' || $1::text" \
     "                    || ' (worker crashed or the request outlived its lease)'" \
     " WHERE m.id = ANY (ARRAY(SELECT id FROM expired))"
 
-static const char *const SQL_REAP = SQL_REAP_TEXT(EXPIRED);
+/* [0] before 0.3.0, [1] with messages.dead_at (od_schema_has_fanout) */
+static const char *const SQL_REAP[2] = { SQL_REAP_TEXT(EXPIRED, ""), SQL_REAP_TEXT(EXPIRED, " dead_at = now(),") };
 
 /* the earliest lease deadline: when the next expired-lease check is due */
 static const char *const SQL_NEXT_DEADLINE =
@@ -149,7 +152,7 @@ static const char *const SQL_NEXT_DEADLINE =
     " AND (m.ordered_after IS NULL OR m.ordered_after <= pg_snapshot_xmin(pg_current_snapshot())" \
     "      OR m.ordered_after > pg_snapshot_xmax(pg_current_snapshot()))"
 
-#define SQL_CLAIM_READY_ARM(commit_order) \
+#define SQL_CLAIM_READY_ARM(commit_order, same_endpoint) \
     "  SELECT r.id FROM (SELECT endpoint, n FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q" \
     "   CROSS JOIN LATERAL (" \
     "    SELECT m.id FROM outbox.messages AS m" \
@@ -157,7 +160,7 @@ static const char *const SQL_NEXT_DEADLINE =
     "       AND (NOT m.ordered OR (NOT EXISTS (" \
     "             SELECT 1 FROM outbox.messages AS p" \
     "              WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
-    "                AND p.id < m.id AND p.status <> 'done')" commit_order "))" \
+    "                AND " same_endpoint "p.id < m.id AND p.status <> 'done')" commit_order "))" \
     "     ORDER BY m.available_at, m.id LIMIT q.n" \
     "       FOR UPDATE OF m SKIP LOCKED) AS r" \
     "  LIMIT $2) "
@@ -176,34 +179,52 @@ static const char *const SQL_NEXT_DEADLINE =
  * rows only, for when no lease can have expired yet ($4 and $7 unused:
  * declared parameters need not be referenced).
  */
-#define SQL_CLAIM_VARIANTS(order) \
+#define SQL_CLAIM_VARIANTS(order, same_endpoint) \
     { \
-        SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED) SQL_CLAIM_READY_ARM(order) SQL_CLAIM_UPDATE, \
-            SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM(order) SQL_CLAIM_UPDATE \
+        SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED) SQL_CLAIM_READY_ARM(order, same_endpoint) \
+            SQL_CLAIM_UPDATE, \
+            SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM(order, same_endpoint) SQL_CLAIM_UPDATE \
     }
-static const char *const SQL_CLAIM[2][2] = { SQL_CLAIM_VARIANTS(""),
-                                             SQL_CLAIM_VARIANTS(ORDERED_AFTER_OLDER_TRANSACTIONS) };
+/*
+ * From 0.3.0 the order is per aggregate per endpoint: the deliveries of one
+ * published event to several endpoints never wait for each other, and a
+ * dead subscriber blocks only its own deliveries (messages_open is
+ * (aggregate_type, aggregate_id, endpoint, id) there).
+ */
+static const char *const SQL_CLAIM[2][2] = {
+    SQL_CLAIM_VARIANTS("", ""), SQL_CLAIM_VARIANTS(ORDERED_AFTER_OLDER_TRANSACTIONS, "p.endpoint = m.endpoint AND ")
+};
 
-static const char *const SQL_FINALIZE =
-    "UPDATE outbox.messages AS m"
-    "   SET status = CASE r.status"
-    "                  WHEN 'retry' THEN 'pending'"
-    "                  WHEN 'defer' THEN CASE WHEN m.created_at < now() - $8 THEN 'dead' ELSE 'pending' END"
-    "                  ELSE r.status END,"
-    "       done_at = CASE WHEN r.status = 'done' THEN now() END,"
-    "       available_at = CASE WHEN r.status IN ('retry', 'defer') THEN now() + r.delay ELSE m.available_at END,"
-    "       attempts = CASE WHEN r.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END,"
-    "       last_error = CASE WHEN r.status = 'defer' AND m.created_at < now() - $8"
-    "                         THEN 'deferred for longer than outbox_dispatcher.max_defer_age; last: ' || r.error"
-    "                         ELSE r.error END,"
-    "       last_http_status = r.http_status,"
-    "       lease_owner = NULL, lease_until = NULL"
-    "  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[], $6::int[], $7::bool[],"
-    "              $9::timestamptz[])"
-    "       AS r(id, ver, status, delay, error, http_status, refund, lease_until)"
-    " WHERE m.id = r.id AND m.lease_version = r.ver AND (m.status = 'processing') IS TRUE"
-    "   AND (r.lease_until IS NULL OR m.lease_until = r.lease_until) "
-    "RETURNING m.id";
+#define SQL_FINALIZE_TEXT(dead_at) \
+    "UPDATE outbox.messages AS m" \
+    "   SET status = CASE r.status" \
+    "                  WHEN 'retry' THEN 'pending'" \
+    "                  WHEN 'defer' THEN CASE WHEN m.created_at < now() - $8 THEN 'dead' ELSE 'pending' END" \
+    "                  ELSE r.status END," \
+    "       done_at = CASE WHEN r.status = 'done' THEN now() END," dead_at \
+    "       available_at = CASE WHEN r.status IN ('retry', 'defer') THEN now() + r.delay ELSE m.available_at END," \
+    "       attempts = CASE WHEN r.refund THEN greatest(m.attempts - 1, 0) ELSE m.attempts END," \
+    "       last_error = CASE WHEN r.status = 'defer' AND m.created_at < now() - $8" \
+    "                         THEN 'deferred for longer than outbox_dispatcher.max_defer_age; last: ' || r.error" \
+    "                         ELSE r.error END," \
+    "       last_http_status = r.http_status," \
+    "       lease_owner = NULL, lease_until = NULL" \
+    "  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[], $6::int[], $7::bool[]," \
+    "              $9::timestamptz[])" \
+    "       AS r(id, ver, status, delay, error, http_status, refund, lease_until)" \
+    " WHERE m.id = r.id AND m.lease_version = r.ver AND (m.status = 'processing') IS TRUE" \
+    "   AND (r.lease_until IS NULL OR m.lease_until = r.lease_until) " \
+    "RETURNING m.id"
+
+/*
+ * [0] before 0.3.0, [1] with messages.dead_at: when the row last became
+ * dead (what recover() selects by; kept when it is retried).
+ */
+static const char *const SQL_FINALIZE[2] = {
+    SQL_FINALIZE_TEXT(""),
+    SQL_FINALIZE_TEXT("       dead_at = CASE WHEN r.status = 'dead' OR (r.status = 'defer'"
+                      " AND m.created_at < now() - $8) THEN now() ELSE m.dead_at END,")
+};
 
 static const char *const SQL_RETRY = "UPDATE outbox.messages"
                                      "   SET status = 'pending', attempts = 0, available_at = now(),"
@@ -235,6 +256,22 @@ static const char *const SQL_REPLAY =
     "       last_error = 'replayed by an operator', last_http_status = NULL,"
     "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
     " WHERE status = 'done' AND id BETWEEN $1 AND $2 AND ($3::text IS NULL OR endpoint = $3)";
+
+/* recover(): dead messages of an endpoint that died in [since, until) (0.3.0) */
+static const char *const SQL_RECOVER =
+    "UPDATE outbox.messages"
+    "   SET status = 'pending', attempts = 0, available_at = now(),"
+    "       last_error = 'recovered by an operator; last: ' || coalesce(last_error, '(none)'),"
+    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
+    " WHERE status = 'dead' AND endpoint = $1 AND dead_at >= $2 AND dead_at < $3";
+
+/* replay_window(): done messages of an endpoint delivered in [since, until) */
+static const char *const SQL_REPLAY_WINDOW =
+    "UPDATE outbox.messages"
+    "   SET status = 'pending', attempts = 0, available_at = now(), done_at = NULL,"
+    "       last_error = 'replayed by an operator', last_http_status = NULL,"
+    "       lease_version = lease_version + 1, lease_owner = NULL, lease_until = NULL"
+    " WHERE status = 'done' AND endpoint = $1 AND done_at >= $2 AND done_at < $3";
 
 static const char *const SQL_MOVE = "UPDATE outbox.messages"
                                     "   SET endpoint = $2, lease_version = lease_version + 1"
@@ -378,10 +415,10 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
 
     if (check)
     {
-        od_prepare_hot(&plan_reap, SQL_REAP, 2, reap_types);
+        od_prepare_hot(&plan_reap[order], SQL_REAP[order], 2, reap_types);
         args[0] = Int32GetDatum(max_attempts);
         args[1] = Int32GetDatum(batch);
-        rc = SPI_execute_plan(plan_reap, args, nullptr, false, 0);
+        rc = SPI_execute_plan(plan_reap[order], args, nullptr, false, 0);
         if (rc != SPI_OK_UPDATE)
             elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
         reaped = SPI_processed;
@@ -473,8 +510,9 @@ cmp_int64(const void *a, const void *b)
 }
 
 int
-od_finalize(OdFinalize *items, int n)
+od_finalize(OdFinalize *items, int n, int flags)
 {
+    const int        v = (flags & OD_FINALIZE_DEAD_AT) != 0 ? 1 : 0;
     static const Oid types[9] = { INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INTERVALARRAYOID,   TEXTARRAYOID,
                                   INT4ARRAYOID, BOOLARRAYOID, INTERVALOID,  TIMESTAMPTZARRAYOID };
     Datum           *ids, *vers, *statuses, *delays, *errors, *https, *refunds, *untils;
@@ -486,7 +524,7 @@ od_finalize(OdFinalize *items, int n)
 
     if (n <= 0)
         return 0;
-    od_prepare_hot(&plan_finalize, SQL_FINALIZE, 9, types);
+    od_prepare_hot(&plan_finalize[v], SQL_FINALIZE[v], 9, types);
 
     ids = (Datum *) palloc(sizeof(Datum) * n);
     vers = (Datum *) palloc(sizeof(Datum) * n);
@@ -528,7 +566,7 @@ od_finalize(OdFinalize *items, int n)
     args[7] = od_us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
     args[8] = PointerGetDatum(build_array(untils, until_nulls, n, TIMESTAMPTZOID));
 
-    rc = SPI_execute_plan(plan_finalize, args, nullptr, false, 0);
+    rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)
         elog(ERROR, "outbox_dispatcher: finalize failed: %s", SPI_result_code_string(rc));
 
@@ -638,6 +676,25 @@ od_replay(int64 from_id, int64 to_id, const char *endpoint)
     rc = SPI_execute_plan(plan_replay, args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE)
         elog(ERROR, "outbox_dispatcher: replay failed: %s", SPI_result_code_string(rc));
+    return SPI_processed;
+}
+
+/* recover() (dead = true) and replay_window() (done): the rows of one endpoint in [since, until) */
+uint64
+od_recover_window(bool dead, const char *endpoint, TimestampTz since, TimestampTz until)
+{
+    static const Oid types[3] = { TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID };
+    Datum            args[3] = { CStringGetTextDatum(endpoint), TimestampTzGetDatum(since),
+                      TimestampTzGetDatum(until) };
+    SPIPlanPtr       plan;
+    int              rc;
+
+    plan = dead ? od_prepare(&plan_recover, SQL_RECOVER, 3, types)
+                : od_prepare(&plan_replay_window, SQL_REPLAY_WINDOW, 3, types);
+    rc = SPI_execute_plan(plan, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "outbox_dispatcher: %s failed: %s", dead ? "recover" : "replay_window",
+             SPI_result_code_string(rc));
     return SPI_processed;
 }
 

@@ -45,7 +45,11 @@ extern void od_fix_plan_shapes(void);
 
 /* od_claim flags */
 #define OD_CLAIM_CHECK_LEASES 0x01 /* reap and take over expired leases first */
-#define OD_CLAIM_COMMIT_ORDER 0x02 /* the schema has messages.ordered_after (od_schema_records_commit_order) */
+/*
+ * the schema is 0.3.0's: messages.ordered_after (od_schema_records_commit_order),
+ * messages.dead_at, order per aggregate per endpoint (od_schema_has_fanout)
+ */
+#define OD_CLAIM_COMMIT_ORDER 0x02
 
 /*
  * With OD_CLAIM_CHECK_LEASES, reap exhausted expired leases and take over
@@ -73,13 +77,21 @@ extern bool   od_lease_check_due(TimestampTz now);
  * leases are counted in shared memory and logged once each.  Must be
  * connected to SPI.  Returns the number applied.
  */
-extern int    od_finalize(OdFinalize *items, int n);
+extern int    od_finalize(OdFinalize *items, int n, int flags);
+/* od_finalize flags */
+#define OD_FINALIZE_DEAD_AT 0x01 /* the schema has messages.dead_at (od_schema_has_fanout) */
 
 extern bool   od_retry(int64 id);
 extern uint64 od_retry_dead(const char *endpoint, const char *event_type);
 extern bool   od_skip(int64 id, const char *reason);
 extern uint64 od_purge(int64 older_than_us, int limit);
 extern uint64 od_replay(int64 from_id, int64 to_id, const char *endpoint);
+/*
+ * dead: recover() — dead messages of the endpoint with dead_at in [since,
+ * until) go back to pending, attempts reset; else replay_window() — done
+ * messages with done_at in it.  Returns the count.
+ */
+extern uint64 od_recover_window(bool dead, const char *endpoint, TimestampTz since, TimestampTz until);
 extern uint64 od_move(const char *from_endpoint, const char *to_endpoint, Datum statuses);
 extern int64  od_enqueue(Datum *values, bool *nulls);
 

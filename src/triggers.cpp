@@ -14,7 +14,9 @@
 #include "outbox_dispatcher.h"
 #include "module.h"
 #include "guard.h"
+#include "core/pattern.hpp"
 #include "core/validate.hpp"
+#include "triggers.h"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -34,6 +36,7 @@ PG_FUNCTION_INFO_V1(od_message_check);
 PG_FUNCTION_INFO_V1(od_message_xid_first);
 PG_FUNCTION_INFO_V1(od_endpoint_check);
 PG_FUNCTION_INFO_V1(od_endpoint_check_v030);
+PG_FUNCTION_INFO_V1(od_subscription_check);
 }
 
 /*
@@ -116,18 +119,13 @@ reject_nulls(TriggerData *trig, HeapTuple tup)
     }
 }
 
-/* A text column that will be sent as (part of) an HTTP header value. */
+/* A text value that will be sent as (part of) an HTTP header value. */
 static void
-check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bool allow_empty)
+check_header_safe_value(Datum d, const char *colname, bool allow_empty)
 {
-    bool        isnull;
-    Datum       d = column(trig, tup, colname, &isnull);
-    text       *t;
+    text       *t = DatumGetTextPP(d);
     const char *problem;
 
-    if (isnull)
-        return; /* NOT NULL constraints report this */
-    t = DatumGetTextPP(d);
     if (!allow_empty && VARSIZE_ANY_EXHDR(t) == 0)
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must not be empty", colname)));
     problem = od::check_header_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
@@ -135,6 +133,18 @@ check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bo
         ereport(ERROR,
                 (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s %s", colname, problem),
                  errdetail("It is sent in an HTTP header.")));
+}
+
+/* A text column that will be sent as (part of) an HTTP header value. */
+static void
+check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bool allow_empty)
+{
+    bool  isnull;
+    Datum d = column(trig, tup, colname, &isnull);
+
+    if (isnull)
+        return; /* NOT NULL constraints report this */
+    check_header_safe_value(d, colname, allow_empty);
 }
 
 /*
@@ -244,6 +254,60 @@ record_commit_order(TriggerData *trig, HeapTuple tup)
     return heap_modify_tuple_by_cols(tup, desc, 1, &attno, &value, &value_null);
 }
 
+/* The payload as sent (its JSON text) within max_payload_bytes. */
+static void
+check_payload_size(Datum d)
+{
+    Jsonb *jb = DatumGetJsonbP(d);
+    char  *body = JsonbToCString(nullptr, &jb->root, VARSIZE(jb));
+    size_t len = strlen(body);
+
+    if (len > (size_t) od_max_payload_bytes)
+        ereport(ERROR,
+                (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("payload is too large: %zu bytes", len),
+                 errdetail("outbox_dispatcher.max_payload_bytes is %d bytes.", od_max_payload_bytes)));
+    pfree(body);
+}
+
+/*
+ * available_at: a finite time, at most max_schedule_ahead from now.  An
+ * ordered message holds back every later message of its aggregate until
+ * it is done, so 'infinity' (or the year 9999) would block the aggregate
+ * for good.  Checked on INSERT; the workers' own reschedules are bounded
+ * by backoff_cap and max_defer_age.
+ */
+static void
+check_available_at(Datum d)
+{
+    TimestampTz at = DatumGetTimestampTz(d);
+    TimestampTz limit = GetCurrentTimestamp() + (int64) od_max_schedule_ahead_s * USECS_PER_SEC;
+
+    if (TIMESTAMP_NOT_FINITE(at))
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("available_at must be a finite time"),
+                 errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(timestamptz_out, d)))));
+    if (at > limit)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("available_at is too far in the future"),
+                 errdetail("The value given is %s, more than outbox_dispatcher.max_schedule_ahead (%s) from now.",
+                           DatumGetCString(DirectFunctionCall1(timestamptz_out, d)),
+                           GetConfigOptionByName("outbox_dispatcher.max_schedule_ahead", nullptr, false))));
+}
+
+void
+od_check_message_values(Datum aggregate_type, Datum aggregate_id, Datum event_type, Datum payload, Datum headers,
+                        bool headers_null, Datum available_at, bool available_at_null)
+{
+    check_header_safe_value(aggregate_type, "aggregate_type", false);
+    check_header_safe_value(aggregate_id, "aggregate_id", false);
+    check_header_safe_value(event_type, "event_type", false);
+    if (!headers_null)
+        check_headers_object(DatumGetJsonbP(headers), "message headers");
+    check_payload_size(payload);
+    if (!available_at_null)
+        check_available_at(available_at);
+}
+
 extern "C" Datum
 od_message_check(PG_FUNCTION_ARGS)
 {
@@ -264,46 +328,14 @@ od_message_check(PG_FUNCTION_ARGS)
 
     d = column(trig, tup, "payload", &isnull);
     if (!isnull)
-    {
-        Jsonb *jb = DatumGetJsonbP(d);
-        char  *body = JsonbToCString(nullptr, &jb->root, VARSIZE(jb));
-        size_t len = strlen(body);
+        check_payload_size(d);
 
-        if (len > (size_t) od_max_payload_bytes)
-            ereport(ERROR,
-                    (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("payload is too large: %zu bytes", len),
-                     errdetail("outbox_dispatcher.max_payload_bytes is %d bytes.", od_max_payload_bytes)));
-        pfree(body);
-    }
-
-    /*
-     * available_at: a finite time, at most max_schedule_ahead from now.  An
-     * ordered message holds back every later message of its aggregate until
-     * it is done, so 'infinity' (or the year 9999) would block the aggregate
-     * for good.  Checked on INSERT; the workers' own reschedules are bounded
-     * by backoff_cap and max_defer_age.
-     */
+    /* available_at: checked on INSERT (check_available_at) */
     if (TRIGGER_FIRED_BY_INSERT(trig->tg_event))
     {
         d = column(trig, tup, "available_at", &isnull);
         if (!isnull)
-        {
-            TimestampTz at = DatumGetTimestampTz(d);
-            TimestampTz limit = GetCurrentTimestamp() + (int64) od_max_schedule_ahead_s * USECS_PER_SEC;
-
-            if (TIMESTAMP_NOT_FINITE(at))
-                ereport(
-                    ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("available_at must be a finite time"),
-                     errdetail("The value given is %s.", DatumGetCString(DirectFunctionCall1(timestamptz_out, d)))));
-            if (at > limit)
-                ereport(
-                    ERROR,
-                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("available_at is too far in the future"),
-                     errdetail("The value given is %s, more than outbox_dispatcher.max_schedule_ahead (%s) from now.",
-                               DatumGetCString(DirectFunctionCall1(timestamptz_out, d)),
-                               GetConfigOptionByName("outbox_dispatcher.max_schedule_ahead", nullptr, false))));
-        }
+            check_available_at(d);
         tup = record_commit_order(trig, tup);
     }
     return PointerGetDatum(tup);
@@ -527,4 +559,84 @@ extern "C" Datum
 od_endpoint_check_v030(PG_FUNCTION_ARGS)
 {
     return endpoint_check(fcinfo, false);
+}
+
+/* ---------------------------------------------------------------- subscriptions */
+
+/* Bytes of a subscription's filter at most (its jsonb form). */
+#define OD_MAX_FILTER_BYTES 8192
+
+/*
+ * outbox.subscriptions (0.3.0): event_types is a one-dimensional,
+ * non-empty array of at most od::kMaxEventPatterns patterns without nulls,
+ * each one accepted by od::check_event_pattern; filter is null or a JSON
+ * object of at most OD_MAX_FILTER_BYTES, matched by containment against
+ * the payload.
+ */
+extern "C" Datum
+od_subscription_check(PG_FUNCTION_ARGS)
+{
+    TriggerData *trig = row_trigger_data(fcinfo, "_subscription_check");
+    HeapTuple    tup = new_row(trig);
+    bool         isnull;
+    Datum        d;
+
+    reject_nulls(trig, tup);
+
+    d = column(trig, tup, "event_types", &isnull);
+    if (!isnull)
+    {
+        ArrayType *arr = DatumGetArrayTypeP(d);
+        Datum     *elems;
+        bool      *enulls;
+        int        n;
+
+        if (ARR_NDIM(arr) == 0)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("event_types must not be empty"),
+                     errhint("Use '{*}' for every event type.")));
+        if (ARR_NDIM(arr) > 1)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("event_types must be a one-dimensional array")));
+        deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &enulls, &n);
+        if (n > (int) od::kMaxEventPatterns)
+            ereport(ERROR,
+                    (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("event_types has too many patterns"),
+                     errdetail("A subscription has at most %d patterns; %d were given.", (int) od::kMaxEventPatterns,
+                               n)));
+        for (int i = 0; i < n; i++)
+        {
+            text       *t;
+            const char *problem;
+
+            if (enulls[i])
+                ereport(ERROR,
+                        (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("event_types must not contain nulls"),
+                         errdetail("Element %d is null.", i + 1)));
+            t = DatumGetTextPP(elems[i]);
+            problem = od::check_event_pattern(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+            if (problem)
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("event type pattern \"%s\" %s",
+                                printable(VARDATA_ANY(t), Min(VARSIZE_ANY_EXHDR(t), 64)), problem),
+                         errdetail("Element %d of event_types; '*' matches any run of characters.", i + 1)));
+        }
+    }
+
+    d = column(trig, tup, "filter", &isnull);
+    if (!isnull)
+    {
+        Jsonb *jb = DatumGetJsonbP(d);
+
+        if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("filter must be a JSON object"),
+                     errdetail("It is matched by containment against the payload, e.g. {\"country\": \"FR\"}.")));
+        if (VARSIZE(jb) > OD_MAX_FILTER_BYTES)
+            ereport(ERROR,
+                    (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("filter is too large"),
+                     errdetail("A filter has at most %d bytes.", OD_MAX_FILTER_BYTES)));
+    }
+    return PointerGetDatum(tup);
 }

@@ -38,6 +38,7 @@
  * pending at once (attempt refunded), exit.
  */
 #include "worker.h"
+#include "attempt_log.h"
 
 extern "C" {
 PGDLLEXPORT void od_worker_main(Datum arg);
@@ -292,6 +293,7 @@ reload_configuration(void)
     ProcessConfigFile(PGC_SIGHUP);
     apply_settings();
     W.sched.next_refresh = 0;
+    W.sched.next_attempt_expiry = 0;
     W.sched.woken = true;
 }
 
@@ -343,6 +345,19 @@ step_purge(void)
     purged = od_purge((int64) od_retention_s * USECS_PER_SEC, 1000);
     end_tx();
     W.sched.next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), purged == 1000 ? 100 : 10000);
+}
+
+/*
+ * Attempt-log retention (worker 0): empty the days older than
+ * attempt_log_retention, every minute and after a reload.
+ */
+static void
+step_expire_attempts(void)
+{
+    begin_tx("expiring the attempt log");
+    od_expire_attempts((od_attempt_log_retention_s + 86399) / 86400);
+    end_tx();
+    W.sched.next_attempt_expiry = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 60000);
 }
 
 /* Sleep until the least of the schedule's deadlines, a socket, the latch or postmaster death. */
@@ -508,6 +523,9 @@ od_worker_main(Datum arg)
             do_finalize();
         if (od::purge_now(observe(now)))
             step_purge();
+        if (W.worker_index == 0 && W.ext_ready && od_schema_has_fanout(W.schema) &&
+            now >= W.sched.next_attempt_expiry && now >= W.sched.backoff_until)
+            step_expire_attempts();
 
         step_wait();
         W.disp->collect(od_unix_seconds(GetCurrentTimestamp()));

@@ -100,6 +100,7 @@ typedef struct LoopSchedule
     TimestampTz next_poll;       /* the fallback poll */
     TimestampTz next_refresh;    /* reload of the endpoints; 0 = at once */
     TimestampTz next_purge;      /* worker 0's retention purge */
+    TimestampTz next_attempt_expiry; /* worker 0's attempt-log retention; 0 = at once */
     TimestampTz backoff_until;   /* after an error: no claim or finalize before */
     bool        woken;           /* the latch was set since the last claim */
     bool        last_claim_full; /* the last claim took all it asked for */

@@ -241,7 +241,7 @@ do_claim(int capacity, bool with_finalize)
                 items[k].error = rows[i].reject;
                 k++;
             }
-        od_finalize(items, n_rejected);
+        od_finalize(items, n_rejected, od_schema_has_fanout(W.schema) ? OD_FINALIZE_DEAD_AT : 0);
         pg_atomic_fetch_add_u64(&W.slot->dead, n_rejected);
     }
     end_tx();

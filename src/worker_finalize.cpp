@@ -5,6 +5,8 @@
  * See worker.h.
  */
 #include "worker.h"
+#include "attempt_log.h"
+#include "core/attempt_log.hpp"
 
 namespace odw {
 
@@ -141,10 +143,79 @@ finalize_prepare(FinalizeBatch *fb)
     return true;
 }
 
+/* the name of the endpoint behind a slot tag, as this worker last loaded it */
+static const char *
+endpoint_of_tag(int tag)
+{
+    for (int k = 0; k < W.n_wendpoints; k++)
+        if (W.wendpoints[k].ref.slot == tag)
+            return W.wendpoints[k].name;
+    return "(unknown)";
+}
+
+/*
+ * One outbox.attempts row per request sent (not for messages released
+ * unsent or failed on our side), in the finalize's transaction: the log
+ * commits with the results it describes.
+ */
+static void
+log_attempts(FinalizeBatch *fb)
+{
+    std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
+    OdAttempt                        *rows;
+    int                               n = 0;
+
+    if (od_attempt_log == OD_ATTEMPT_LOG_OFF || !od_schema_has_fanout(W.schema))
+        return;
+    rows = (OdAttempt *) palloc(sizeof(OdAttempt) * fb->n);
+    for (int i = 0; i < fb->n; i++)
+    {
+        const od::DeliveryOutcome &o = outs[i];
+        const OdFinalize          *it = &fb->items[i];
+        OdAttempt                 *r = &rows[n];
+
+        if (o.latency_ms < 0 || o.local_failure || o.started_unix_us == 0)
+            continue;
+        if (od_attempt_log == OD_ATTEMPT_LOG_FAILURES && it->applied && it->verdict == od::Verdict::Done)
+            continue;
+        r->message_id = o.id;
+        r->lease_version = o.lease_version;
+        r->attempt = o.attempts;
+        r->endpoint = endpoint_of_tag(o.endpoint_tag);
+        r->worker = W.worker_index;
+        r->started_at = od_from_unix_micros(o.started_unix_us);
+        r->duration_ms = o.latency_ms;
+        r->outcome = it->applied ? od::verdict_name(o.verdict) : "lost";
+        r->http_status = o.transport_error == 0 && o.http_status >= 100 && o.http_status <= 599 ? o.http_status : 0;
+        r->error_class = od::transport_error_class(o.transport_error);
+        if (r->error_class == nullptr && r->http_status == 0)
+            r->error_class = "protocol"; /* a response that was not HTTP */
+        r->retry_after = nullptr;
+        if (o.retry_after[0] != '\0')
+        {
+            char *ra = (char *) palloc(sizeof o.retry_after);
+
+            od::sanitize_text(o.retry_after, strlen(o.retry_after), ra, sizeof o.retry_after);
+            r->retry_after = ra[0] ? ra : nullptr;
+        }
+        r->body = nullptr;
+        if (o.body_len > 0)
+        {
+            char *b = (char *) palloc(od::kBodyCap + 1);
+
+            od::sanitize_text(o.body, o.body_len, b, od::kBodyCap + 1);
+            r->body = b[0] ? b : nullptr;
+        }
+        n++;
+    }
+    od_log_attempts(rows, n);
+}
+
 void
 finalize_run(FinalizeBatch *fb)
 {
-    od_finalize(fb->items, fb->n);
+    od_finalize(fb->items, fb->n, od_schema_has_fanout(W.schema) ? OD_FINALIZE_DEAD_AT : 0);
+    log_attempts(fb);
     for (int i = 0; i < fb->n_gone; i++)
     {
         if (od_set_endpoint_enabled(fb->gone_id[i], false, "HTTP 410 Gone received by the dispatcher"))

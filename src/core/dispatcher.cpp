@@ -17,7 +17,18 @@
 
 #include "core/request.hpp"
 
+#include <chrono>
+
 namespace od {
+
+namespace {
+/* wall-clock time for the attempt log's started_at (the server's own clock) */
+int64_t unix_now_us() noexcept {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+} // namespace
 
 bool Dispatcher::init(const HttpEngineOptions &opts, uint64_t seed) noexcept {
     rng_.seed(seed);
@@ -144,7 +155,7 @@ void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
                                       m.body.data(), m.body.size(), header_buf_);
         if (built) {
             uint64_t tag = next_tag_++;
-            sent_.emplace(tag, Sent{m.id, m.lease_version, m.lease_until_us, m.attempts, ep.cfg.name, m.endpoint_tag});
+            sent_.emplace(tag, Sent{m.id, m.lease_version, m.lease_until_us, m.attempts, ep.cfg.name, m.endpoint_tag, unix_now_us()});
             started =
                 engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_, ep.cfg.timeout_ms);
             if (started)
@@ -244,6 +255,14 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
             d.http_status = static_cast<int>(c.status);
             d.latency_ms = o.local_failure ? -1 : c.total_ms;
             std::memcpy(d.error, o.error, sizeof d.error);
+            d.attempts = s.attempts;
+            d.started_unix_us = s.started_unix_us;
+            d.transport_error = c.curl_code;
+            std::size_t ra = c.retry_after_len < sizeof d.retry_after ? c.retry_after_len : sizeof d.retry_after - 1;
+            std::memcpy(d.retry_after, c.retry_after, ra);
+            d.retry_after[ra] = '\0';
+            d.body_len = c.body_len < sizeof d.body ? c.body_len : sizeof d.body;
+            std::memcpy(d.body, c.body, d.body_len);
             outcomes_.push_back(d);
         } catch (...) {
             /* the lease will expire and the message be claimed again */

@@ -75,6 +75,13 @@ struct DeliveryOutcome {
     int http_status;   /* 0 = none */
     double latency_ms; /* < 0: not sent, or a local failure */
     char error[kOutcomeErrorSize];
+    /* for the attempt log (outbox.attempts) */
+    int attempts;             /* the message's attempt count, this one included */
+    int64_t started_unix_us;  /* when the request was submitted; 0 = never sent */
+    int transport_error;      /* CURLcode, 0 = an HTTP response */
+    char retry_after[64];     /* the response's Retry-After, "" if none */
+    std::size_t body_len;     /* bytes of body */
+    char body[kBodyCap];      /* first bytes of the response body, raw */
 };
 
 struct DispatcherSettings {
@@ -161,6 +168,7 @@ class Dispatcher {
         int attempts;
         std::string endpoint;
         int endpoint_tag;
+        int64_t started_unix_us;
     };
     void push_release(int64_t id, int64_t lease_version, int64_t lease_until_us, int endpoint_tag,
                       const char *why) noexcept;

@@ -584,4 +584,44 @@ const char *verdict_name(Verdict v) noexcept {
     return "dead";
 }
 
+/* ---------------------------------------------------------------- attempt log */
+
+const char *transport_error_class(int code) noexcept {
+    switch (code) {
+        case 0:
+            return nullptr;
+        case CURLE_OPERATION_TIMEDOUT:
+            return "timeout";
+        case CURLE_COULDNT_RESOLVE_HOST:
+        case CURLE_COULDNT_RESOLVE_PROXY:
+            return "dns";
+        case CURLE_COULDNT_CONNECT:
+            return "connect";
+        case CURLE_GOT_NOTHING:
+        case CURLE_WEIRD_SERVER_REPLY:
+            return "protocol";
+        default: {
+            const char *kind = transport_kind(code);
+            if (kind != nullptr && std::strcmp(kind, "TLS error") == 0) return "tls";
+            if (kind != nullptr && std::strcmp(kind, "connection error") == 0) return "connection";
+            return "other";
+        }
+    }
+}
+
+std::size_t sanitize_text(const char *text, std::size_t len, char *out, std::size_t outsz) noexcept {
+    if (outsz == 0) return 0;
+    out[0] = '\0';
+    if (outsz < 3) return 0;
+    /* put_quoted writes ": <text>": write it two bytes further, then drop them */
+    Writer w{out, outsz, 0};
+    put_quoted(w, text, len, outsz);
+    if (w.len < 2) {
+        out[0] = '\0';
+        return 0;
+    }
+    std::memmove(out, out + 2, w.len - 2 + 1);
+    return w.len - 2;
+}
+
 } // namespace od

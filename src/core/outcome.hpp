@@ -104,4 +104,21 @@ bool parse_retry_after(const char *v, std::size_t len, int64_t now_unix_s, int64
 /* Is this status retryable per the table (408, 425, 429, 5xx)? */
 bool status_is_retryable(long status) noexcept;
 
+/*
+ * The attempt log's class of a transport error (a CURLcode): "timeout",
+ * "dns", "connect", "tls", "connection" (send/receive failed, reset),
+ * "protocol" (empty or malformed reply) or "other"; nullptr for 0 (an HTTP
+ * response was received).
+ */
+const char *transport_error_class(int curl_code) noexcept;
+
+/*
+ * text as it may be stored or logged, the way last_error quotes a response
+ * body: leading whitespace dropped, runs of whitespace and control
+ * characters as one space, invalid UTF-8 as '?', cut (marked "...") to fit
+ * outsz - 1 bytes without splitting a character.  NUL-terminated; returns
+ * the length written.
+ */
+std::size_t sanitize_text(const char *text, std::size_t len, char *out, std::size_t outsz) noexcept;
+
 } // namespace od

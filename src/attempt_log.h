@@ -1,0 +1,38 @@
+/*
+ * attempt_log.h — outbox.attempts (0.3.0): one row per HTTP attempt the
+ * workers made, written in their finalize transaction, and its retention
+ * (attempt_log.cpp; the ring of partitions is core/attempt_log.hpp).
+ */
+#ifndef OUTBOX_DISPATCHER_ATTEMPT_LOG_H
+#define OUTBOX_DISPATCHER_ATTEMPT_LOG_H
+
+#include "outbox_dispatcher.h"
+
+typedef struct OdAttempt
+{
+    int64       message_id;
+    int64       lease_version;
+    int         attempt;
+    const char *endpoint;
+    int         worker;
+    TimestampTz started_at;
+    double      duration_ms;
+    const char *outcome;     /* done, retry, defer, dead; lost = the finalize found the lease taken over */
+    int         http_status; /* 0 = none */
+    const char *error_class; /* NULL when an HTTP response came (core/outcome.hpp transport_error_class) */
+    const char *retry_after; /* NULL = none */
+    const char *body;        /* sanitized response body prefix; NULL = empty */
+} OdAttempt;
+
+/* Insert the rows in one statement.  Needs SPI, inside the finalize's transaction. */
+extern void od_log_attempts(const OdAttempt *rows, int n);
+
+/*
+ * Empty every partition of outbox.attempts that holds only days older than
+ * retention_days (TRUNCATE, skipped while someone reads it; a partition
+ * with newer rows, after a clock change or a long stop, loses only its old
+ * rows, by DELETE).  Returns the number of partitions emptied.  Needs SPI.
+ */
+extern int  od_expire_attempts(int retention_days);
+
+#endif
