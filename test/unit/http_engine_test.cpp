@@ -426,6 +426,22 @@ TEST(Dispatcher, ClassifiesOutcomes) {
     EXPECT_EQ(by_id[6].verdict, od::Verdict::Retry); // unknown endpoint: not sent, retried
     EXPECT_EQ(by_id[6].latency_ms, -1);
 
+    // what the attempt log records: the attempt sent, when it started, the raw answer
+    const int64_t now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    for (int i = 1; i <= 5; i++) {
+        EXPECT_EQ(by_id[i].attempts, 1) << i;
+        EXPECT_GT(by_id[i].started_unix_us, now_us - 60 * INT64_C(1000000)) << i;
+        EXPECT_LE(by_id[i].started_unix_us, now_us) << i;
+        EXPECT_EQ(by_id[i].transport_error, 0) << i;
+    }
+    EXPECT_EQ(std::string(by_id[5].retry_after), "7");
+    EXPECT_EQ(by_id[1].retry_after[0], '\0');
+    EXPECT_EQ(std::string(by_id[5].body, by_id[5].body_len), "busy");
+    EXPECT_EQ(std::string(by_id[1].body, by_id[1].body_len), "ok");
+    EXPECT_EQ(by_id[6].started_unix_us, 0); // never sent: nothing to log
+
     // each request carried the contract headers
     auto reqs = server.requests();
     ASSERT_EQ(reqs.size(), 5u);
