@@ -20,6 +20,15 @@
  *    that disables an endpoint answering 410 Gone.
  *  - outbox.claim() says in its comment what it is: a claim for external
  *    relays and tests, outside the workers' shared limits.
+ *  - Fan-out: outbox.subscriptions (event-type patterns and a payload
+ *    filter per endpoint), outbox.publish() and outbox.subscribers(); the
+ *    ordered head check is per aggregate per endpoint (messages_open gains
+ *    the endpoint column and is rebuilt: it holds open rows only).
+ *  - The attempt log outbox.attempts: 32 daily list partitions, written by
+ *    the workers and emptied whole (TRUNCATE) after
+ *    outbox_dispatcher.attempt_log_retention; the view attempt_stats.
+ *  - messages.dead_at, outbox.recover() and outbox.replay_window():
+ *    recovery by time window.
  */
 
 \echo Use "ALTER EXTENSION outbox_dispatcher UPDATE TO '0.3.0'" to load this file. \quit
@@ -380,6 +389,13 @@ GRANT EXECUTE ON FUNCTION @extschema@.publish(text, text, text, jsonb, boolean, 
     @extschema@.replay_window(text, timestamptz, timestamptz) TO outbox_admin;
 
 -- ---------------------------------------------------------------- monitoring of fan-out and the attempt log
+CREATE OR REPLACE VIEW @extschema@.dead_letters AS
+SELECT id, endpoint, aggregate_type, aggregate_id, event_type, ordered, attempts,
+       last_http_status, last_error, created_at, payload, dead_at
+  FROM @extschema@.messages
+ WHERE status = 'dead'
+ ORDER BY id;
+
 -- Joins the shared state by id; enabled endpoints without a shared slot
 -- show as 'unserved'.  max_in_flight and rate_limit are shown as their base
 -- types, not as the domains of the table.

@@ -688,7 +688,7 @@ SELECT attempts, count(*) AS count
 
 CREATE VIEW @extschema@.dead_letters AS
 SELECT id, endpoint, aggregate_type, aggregate_id, event_type, ordered, attempts,
-       last_http_status, last_error, created_at, payload
+       last_http_status, last_error, created_at, payload, dead_at
   FROM @extschema@.messages
  WHERE status = 'dead'
  ORDER BY id;
