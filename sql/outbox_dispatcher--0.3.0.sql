@@ -777,7 +777,7 @@ q AS (SELECT * FROM @extschema@.queue_depth),
 w AS (SELECT * FROM @extschema@.worker_stats),
 e AS (SELECT * FROM @extschema@.endpoint_health),
 a AS (SELECT * FROM @extschema@.attempts_histogram),
-t AS (SELECT * FROM @extschema@.attempt_stats),
+t AS (SELECT endpoint, outcome, attempts, duration_avg_ms FROM @extschema@.attempt_stats),
 lines AS (
     SELECT 1 AS ord, E'# HELP outbox_messages Messages in outbox.messages by status.\n# TYPE outbox_messages gauge\n'
                      || string_agg(format('outbox_messages{status="%s"} %s', status, count), E'\n' ORDER BY status) AS txt
@@ -857,15 +857,10 @@ lines AS (
                || coalesce(E'\n' || string_agg(format('outbox_attempts_last_minute{endpoint="%s",outcome="%s"} %s',
                                                          @extschema@._prom_label(endpoint), outcome, attempts),
                                                   E'\n' ORDER BY endpoint, outcome), '')
-               || E'\n# HELP outbox_attempt_duration_p50_seconds Median HTTP attempt duration of the last minute (outbox.attempts).\n'
-               '# TYPE outbox_attempt_duration_p50_seconds gauge'
-               || coalesce(E'\n' || string_agg(format('outbox_attempt_duration_p50_seconds{endpoint="%s",outcome="%s"} %s',
-                                                         @extschema@._prom_label(endpoint), outcome, duration_p50_ms / 1000.0),
-                                                  E'\n' ORDER BY endpoint, outcome), '')
-               || E'\n# HELP outbox_attempt_duration_p99_seconds 99th percentile HTTP attempt duration of the last minute (outbox.attempts).\n'
-               '# TYPE outbox_attempt_duration_p99_seconds gauge'
-               || coalesce(E'\n' || string_agg(format('outbox_attempt_duration_p99_seconds{endpoint="%s",outcome="%s"} %s',
-                                                         @extschema@._prom_label(endpoint), outcome, duration_p99_ms / 1000.0),
+               || E'\n# HELP outbox_attempt_duration_avg_seconds Mean HTTP attempt duration of the last minute by endpoint and outcome (outbox.attempts; percentiles: view outbox.attempt_stats).\n'
+               '# TYPE outbox_attempt_duration_avg_seconds gauge'
+               || coalesce(E'\n' || string_agg(format('outbox_attempt_duration_avg_seconds{endpoint="%s",outcome="%s"} %s',
+                                                         @extschema@._prom_label(endpoint), outcome, duration_avg_ms / 1000.0),
                                                   E'\n' ORDER BY endpoint, outcome), '')
       FROM t
 )
