@@ -104,8 +104,29 @@ query_bool(const char *sql, Datum cutoff)
     return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) && !isnull;
 }
 
+/*
+ * The day each kept partition was last checked for rows older than the
+ * cutoff: once per day each (and again after a reload), so that a
+ * partition that was not emptied before it came back into use (the server
+ * was down that day, or a reader held it every minute) loses its old rows
+ * all the same — by DELETE, since it also holds rows to keep.
+ */
+static int64 kept_checked_day[od::kAttemptBuckets];
+static bool  kept_checked_valid = false;
+
+static void
+delete_older(const char *relname, TimestampTz cutoff)
+{
+    char *sql = psprintf("DELETE FROM outbox.%s WHERE started_at < $1", relname);
+    Oid   type = TIMESTAMPTZOID;
+    Datum arg = TimestampTzGetDatum(cutoff);
+
+    if (SPI_execute_with_args(sql, 1, &type, &arg, nullptr, false, 0) != SPI_OK_DELETE)
+        elog(ERROR, "outbox_dispatcher: expiring outbox.%s failed", relname);
+}
+
 int
-od_expire_attempts(int retention_days)
+od_expire_attempts(int retention_days, bool recheck)
 {
     Oid         nsp = get_namespace_oid("outbox", true);
     int64       today = od::attempt_day(od_unix_micros(GetCurrentTimestamp()));
@@ -116,32 +137,42 @@ od_expire_attempts(int retention_days)
         return 0;
     if (retention_days > od::kMaxAttemptRetentionDays)
         retention_days = od::kMaxAttemptRetentionDays;
+    if (recheck || !kept_checked_valid)
+    {
+        for (int b = 0; b < od::kAttemptBuckets; b++)
+            kept_checked_day[b] = PG_INT64_MIN;
+        kept_checked_valid = true;
+    }
     /* the first microsecond of the oldest day kept */
     cutoff = od_from_unix_micros((today - retention_days) * INT64_C(86400000000));
     for (int b = 0; b < od::kAttemptBuckets; b++)
     {
-        char  relname[NAMEDATALEN];
-        Oid   relid;
-        char *sql;
+        char relname[NAMEDATALEN];
+        Oid  relid;
 
-        if (od::attempt_bucket_kept(b, today, retention_days))
-            continue;
         snprintf(relname, sizeof relname, "attempts_%02d", b);
         relid = get_relname_relid(relname, nsp);
         if (!OidIsValid(relid))
             continue;
+        if (od::attempt_bucket_kept(b, today, retention_days))
+        {
+            if (kept_checked_day[b] != today)
+            {
+                /* rows of an earlier turn of the ring, if it was never emptied (rare) */
+                if (query_bool(psprintf("SELECT EXISTS (SELECT FROM outbox.%s WHERE started_at < $1)", relname),
+                               TimestampTzGetDatum(cutoff)))
+                    delete_older(relname, cutoff);
+                kept_checked_day[b] = today;
+            }
+            continue;
+        }
         if (!query_bool(psprintf("SELECT EXISTS (SELECT FROM outbox.%s)", relname), (Datum) 0))
             continue;
         if (query_bool(psprintf("SELECT EXISTS (SELECT FROM outbox.%s WHERE started_at >= $1)", relname),
                        TimestampTzGetDatum(cutoff)))
         {
-            /* newer rows too: keep them, drop the old ones (rare) */
-            sql = psprintf("DELETE FROM outbox.%s WHERE started_at < $1", relname);
-            Oid   type = TIMESTAMPTZOID;
-            Datum arg = TimestampTzGetDatum(cutoff);
-
-            if (SPI_execute_with_args(sql, 1, &type, &arg, nullptr, false, 0) != SPI_OK_DELETE)
-                elog(ERROR, "outbox_dispatcher: expiring outbox.%s failed", relname);
+            /* newer rows too (a clock that went back): keep them, drop the old ones (rare) */
+            delete_older(relname, cutoff);
             continue;
         }
         /* a reader of the partition (or of outbox.attempts) holds it: next time */

@@ -30,9 +30,12 @@ extern void od_log_attempts(const OdAttempt *rows, int n);
 /*
  * Empty every partition of outbox.attempts that holds only days older than
  * retention_days (TRUNCATE, skipped while someone reads it; a partition
- * with newer rows, after a clock change or a long stop, loses only its old
- * rows, by DELETE).  Returns the number of partitions emptied.  Needs SPI.
+ * with newer rows, after a clock change, loses only its old rows, by
+ * DELETE).  Each kept partition is also checked once a day (every one
+ * again when recheck: the retention may have changed) for rows of an
+ * earlier turn of the ring that were never emptied, which are deleted.
+ * Returns the number of partitions emptied.  Needs SPI.
  */
-extern int  od_expire_attempts(int retention_days);
+extern int  od_expire_attempts(int retention_days, bool recheck);
 
 #endif

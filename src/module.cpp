@@ -192,7 +192,7 @@ od_define_gucs(void)
                              NULL, &od_attempt_log, OD_ATTEMPT_LOG_ALL, attempt_log_options, PGC_SIGHUP, 0, NULL, NULL,
                              NULL);
     DefineCustomIntVariable("outbox_dispatcher.attempt_log_retention",
-                            "How long rows of outbox.attempts are kept (whole days, 1 to 30; a day is dropped whole).",
+                            "How long rows of outbox.attempts are kept (1 to 30 days, rounded up to whole days; a day is dropped whole).",
                             NULL, &od_attempt_log_retention_s, 7 * 86400, 86400, 30 * 86400, PGC_SIGHUP, GUC_UNIT_S,
                             NULL, NULL, NULL);
     DefineCustomStringVariable("outbox_dispatcher.source",

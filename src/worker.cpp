@@ -355,7 +355,7 @@ static void
 step_expire_attempts(void)
 {
     begin_tx("expiring the attempt log");
-    od_expire_attempts((od_attempt_log_retention_s + 86399) / 86400);
+    od_expire_attempts((od_attempt_log_retention_s + 86399) / 86400, W.sched.next_attempt_expiry == 0);
     end_tx();
     W.sched.next_attempt_expiry = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 60000);
 }
