@@ -185,7 +185,7 @@ log_attempts(FinalizeBatch *fb)
         r->worker = W.worker_index;
         r->started_at = od_from_unix_micros(o.started_unix_us);
         r->duration_ms = o.latency_ms;
-        r->outcome = it->applied ? od::verdict_name(o.verdict) : "lost";
+        r->outcome = it->applied ? od::verdict_name(it->verdict) : "lost"; /* as finalized (410: retry) */
         r->http_status = o.transport_error == 0 && o.http_status >= 100 && o.http_status <= 599 ? o.http_status : 0;
         r->error_class = od::transport_error_class(o.transport_error);
         if (r->error_class == nullptr && r->http_status == 0)
