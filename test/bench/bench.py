@@ -37,6 +37,25 @@ Scenarios (default settings unless the scenario is about a setting):
              (20,000) and idle commit -> arrival, with
              outbox_dispatcher.deliver_after_replication off, then on.
   scaling    fresh drain with workers 1/2/4 x batch_size 100/500.
+  fanout     N_FANOUT (10,000) events, each in its own transaction from one
+             pgbench client while the workers are paused: enqueue() of one
+             message per event (the baseline), then outbox.publish() with 1
+             and with 5 endpoints subscribed ({*}; the same nginx, paths
+             /hook/1 .. /hook/5).  Per event: the transaction's latency (avg,
+             p99), the growth of outbox.messages (pg_total_relation_size:
+             heap, TOAST, indexes) and the WAL written (a CHECKPOINT right
+             before); then the drain of every delivery (deliveries/s and
+             events/s).  Each variant on its own cluster, the order rotated
+             from run to run.
+  attempt_log  fresh drain of N_ATTEMPT (50,000) messages with
+             outbox_dispatcher.attempt_log = all, failures and off (every
+             request answered 200, so 'failures' logs nothing), each on its
+             own cluster (track_wal_io_timing on), the order rotated from run
+             to run: msg/s, the workers' CPU per message (user + system: other
+             work on the machine moves it less than msg/s), WAL bytes, records
+             and fsync time per message, outbox.attempts bytes per message, and
+             how much slower 'all' and 'failures' are than 'off' in the same
+             run (drain rate and CPU per message).
 
 Each run uses its own freshly initialised cluster (fsync on, the
 extension's defaults); the HTTP endpoint is one nginx worker answering
@@ -61,7 +80,10 @@ SUSTAIN_PAIRS = int(os.environ.get("SUSTAIN_PAIRS", "3"))
 SUSTAIN_TPS = int(os.environ.get("SUSTAIN_TPS", "500"))
 IDLE_M = int(os.environ.get("IDLE_M", "200"))
 N_REPL = int(os.environ.get("N_REPL", "20000"))
-SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,retained,sustained,idle,replication,scaling").split(",")
+N_FANOUT = int(os.environ.get("N_FANOUT", "10000"))
+N_ATTEMPT = int(os.environ.get("N_ATTEMPT", "50000"))
+SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,retained,sustained,idle,replication,scaling,"
+                           "fanout,attempt_log").split(",")
 WORK = os.environ.get("OD_BENCH_WORK") or tempfile.mkdtemp(prefix="od_bench.")
 OUT = os.environ.get("OUT", os.path.join(WORK, "out"))
 SRC = os.environ.get("OD_BENCH_SRC", os.path.dirname(os.path.abspath(__file__)) + "/../..")
@@ -141,6 +163,12 @@ class Cluster:
     def worker_pids(self):
         out = self.sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'")
         return [int(p) for p in out.split()] if out else []
+
+
+def load_average():
+    """The machine's 1-minute load average (other work on the machine shows in it)."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def cpu_seconds(pids):
@@ -243,28 +271,54 @@ def wal_counters(c):
     return int(float(b)), int(fpi), int(rec)
 
 
-def drain(c, n, label):
-    """Insert n messages while paused (after a CHECKPOINT), enable, time the drain."""
-    c.sql("CHECKPOINT")
-    w0 = wal_counters(c)
+def attempt_counters(c):
+    """(rows, bytes) of outbox.attempts: every partition with its indexes."""
+    r = c.sql("SELECT (SELECT count(*) FROM outbox.attempts),"
+              "       (SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('outbox.attempts'))")
+    rows, size = r.split("|")
+    return int(rows), int(size or 0)
+
+
+def insert_messages(c, n):
+    """n messages to 'nginx' in one INSERT."""
     c.sql("INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
           " SELECT 'order', g::text, 'OrderCreated', %s, 'nginx' FROM generate_series(1, %d) g" % (PAYLOAD, n))
+    return {"rows": n}
+
+
+def drain(c, n, label, produce=None):
+    """Fill the table while paused (after a CHECKPOINT), enable, time the drain.  The table gets n
+    messages in one INSERT, or what produce(c) commits: it returns a dict whose "rows" is the number
+    of messages to deliver, merged into the result.  Figures are per delivered message."""
+    c.sql("CHECKPOINT")
+    w0 = wal_counters(c)
+    made = produce(c) if produce else insert_messages(c, n)
+    n = made["rows"]
     w1 = wal_counters(c)
     time.sleep(0.6)                     # let the inserting backend's statistics reach the stats system
     u0 = table_counters(c)
+    a0 = attempt_counters(c)
+    pids = c.worker_pids()
+    cpu0 = cpu_seconds(pids)
+    f0 = wal_flushes(c)
     t0 = float(c.sql("SELECT extract(epoch FROM clock_timestamp())"))
     c.set_enabled(True)
     wait_drained(c)
+    cpu1 = cpu_seconds(pids)
+    f1 = wal_flushes(c)
     w2 = wal_counters(c)
     t1 = float(c.sql("SELECT extract(epoch FROM max(done_at)) FROM outbox.messages WHERE status = 'done'"))
     done = int(c.sql("SELECT count(*) FROM outbox.messages WHERE status = 'done' AND aggregate_type = 'order'"))
     time.sleep(1.2)                     # workers report their statistics when they go idle
     u1 = table_counters(c)
+    a1 = attempt_counters(c)
     c.set_enabled(False)
     upd = u1[0] - u0[0]
     hot = u1[1] - u0[1]
-    res = {
+    res = dict(made)
+    res.update({
         "msg_s": n / (t1 - t0),
+        "seconds": t1 - t0,
         "done": done,
         "insert_wal_b": (w1[0] - w0[0]) / n,
         "drain_wal_b": (w2[0] - w1[0]) / n,
@@ -272,17 +326,25 @@ def drain(c, n, label):
         "drain_wal_records": (w2[2] - w1[2]) / n,
         "updates_per_msg": upd / n,
         "hot_pct": 100.0 * hot / upd if upd else 0.0,
-    }
-    log("  %-10s %8.0f msg/s  WAL %5.0f B/msg (fpi %.3f/msg, %.1f records)  updates %.2f/msg, HOT %.0f%%"
+        "attempt_rows_per_msg": (a1[0] - a0[0]) / n,
+        "attempt_bytes_per_msg": (a1[1] - a0[1]) / n,
+        # the workers' CPU (user + system), which other work on the machine changes less than msg/s
+        "worker_cpu_us": (cpu1 - cpu0) * 1e6 / n,
+        # WAL fsyncs of the drain (the workers' commits) and their time (track_wal_io_timing, else 0)
+        "wal_syncs_per_msg": (f1[1] - f0[1]) / n,
+        "wal_sync_us": (f1[2] - f0[2]) * 1000.0 / n,
+    })
+    log("  %-10s %8.0f msg/s  WAL %5.0f B/msg (fpi %.3f/msg, %.1f records)  updates %.2f/msg, HOT %.0f%%,"
+        " worker CPU %.0f us/msg"
         % (label, res["msg_s"], res["drain_wal_b"], res["drain_fpi"], res["drain_wal_records"],
-           res["updates_per_msg"], res["hot_pct"]))
+           res["updates_per_msg"], res["hot_pct"], res["worker_cpu_us"]))
     if done != n:
         raise RuntimeError("%s: %d of %d done" % (label, done, n))
     return res
 
 
-def scenario_drain(n, label, workers=None, batch=None):
-    c = new_dispatcher("drain", workers, batch)
+def scenario_drain(n, label, workers=None, batch=None, extra=None):
+    c = new_dispatcher("drain", workers, batch, extra=extra)
     try:
         warm_plans(c)
         return drain(c, n, label)
@@ -340,27 +402,25 @@ def wal_flushes(c):
     return [float(x or 0) for x in r.split("|")]
 
 
-def pgbench_run(c, seconds, tps):
-    script = os.path.join(WORK, "producer.sql")
-    with open(script, "w") as f:
-        f.write("BEGIN;\n"
-                "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
-                " SELECT 'order', (random() * 1000000)::int::text, 'OrderCreated', %s, 'nginx'"
-                " FROM generate_series(1, 10) g;\n"
-                "END;\n" % PAYLOAD)
+def pgbench(script, *args):
+    """Run pgbench with the script (text) and args on the cluster, logging every transaction;
+    returns the log directory (for tx_latencies)."""
     logdir = tempfile.mkdtemp(dir=WORK, prefix="pgbench.")
-    pids = c.worker_pids()
-    cpu0 = cpu_seconds(pids)
-    wal0 = wal_flushes(c)
-    t0 = time.time()
-    subprocess.run([PGBIN + "/pgbench", "-h", WORK, "-p", str(PORT), "-U", "postgres", "-n", "-f", script,
-                    "-c", "8", "-j", "2", "-R", str(tps), "-T", str(seconds), "-l", "--log-prefix",
-                    logdir + "/tx", "postgres"], check=True, capture_output=True, cwd=logdir)
-    wall = time.time() - t0
-    cpu = cpu_seconds(pids) - cpu0
-    wal_bytes, syncs, sync_ms = (b - a for a, b in zip(wal0, wal_flushes(c)))
+    path = os.path.join(logdir, "script.sql")
+    with open(path, "w") as f:
+        f.write(script)
+    subprocess.run([PGBIN + "/pgbench", "-h", WORK, "-p", str(PORT), "-U", "postgres", "-n", "-f", path]
+                   + list(args) + ["-l", "--log-prefix", logdir + "/tx", "postgres"],
+                   check=True, capture_output=True, cwd=logdir)
+    return logdir
+
+
+def tx_latencies(logdir):
+    """The transaction latencies (ms, sorted) of a pgbench log directory, which it removes."""
     lat = []
     for fn in os.listdir(logdir):
+        if not fn.startswith("tx"):
+            continue
         with open(os.path.join(logdir, fn)) as f:
             for line in f:
                 parts = line.split()
@@ -368,9 +428,31 @@ def pgbench_run(c, seconds, tps):
                 lat.append(int(parts[2]) / 1000.0)
     shutil.rmtree(logdir)
     lat.sort()
+    return lat
+
+
+def p99(sorted_values):
+    return sorted_values[min(len(sorted_values) - 1, int(0.99 * len(sorted_values)))]
+
+
+def pgbench_run(c, seconds, tps):
+    script = ("BEGIN;\n"
+              "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+              " SELECT 'order', (random() * 1000000)::int::text, 'OrderCreated', %s, 'nginx'"
+              " FROM generate_series(1, 10) g;\n"
+              "END;\n" % PAYLOAD)
+    pids = c.worker_pids()
+    cpu0 = cpu_seconds(pids)
+    wal0 = wal_flushes(c)
+    t0 = time.time()
+    logdir = pgbench(script, "-c", "8", "-j", "2", "-R", str(tps), "-T", str(seconds))
+    wall = time.time() - t0
+    cpu = cpu_seconds(pids) - cpu0
+    wal_bytes, syncs, sync_ms = (b - a for a, b in zip(wal0, wal_flushes(c)))
+    lat = tx_latencies(logdir)
     return {
         "avg_ms": sum(lat) / len(lat),
-        "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "p99_ms": p99(lat),
         "tps": len(lat) / seconds,
         "worker_cores": cpu / wall,
         # the producers' commits flush whatever WAL precedes them, the workers' included
@@ -512,6 +594,84 @@ def scenario_replication(sink_port):
         c.destroy()
 
 
+# ---------------------------------------------------------------- fan-out and attempt log
+
+# (variant, endpoints subscribed): 0 = enqueue() of one message per event to 'nginx'
+FANOUT_VARIANTS = (("enqueue", 0), ("pub1", 1), ("pub5", 5))
+ATTEMPT_LOG_MODES = ("all", "failures", "off")
+
+
+def rotated(seq, k):
+    """seq starting at its k-th element (mod its length): run k's order of the variants."""
+    k %= len(seq)
+    return tuple(seq[k:]) + tuple(seq[:k])
+
+
+def publish_events(c, n, call):
+    """n transactions of one event each (`SELECT call`, the event's g drawn at random and the
+    payload PAYLOAD) from one pgbench client: the transactions' latency, and per event the
+    growth of outbox.messages (heap, TOAST, indexes) and the WAL written."""
+    size = "SELECT pg_total_relation_size('outbox.messages')"
+    vacuums = ("SELECT autovacuum_count + autoanalyze_count FROM pg_stat_user_tables"
+               " WHERE relid = 'outbox.messages'::regclass")
+    s0, v0, w0 = int(c.sql(size)), int(c.sql(vacuums)), wal_counters(c)
+    logdir = pgbench("\\set g random(1, 1000000)\nSELECT %s FROM (SELECT :g AS g) AS v;\n" % call,
+                     "-c", "1", "-t", str(n))
+    w1, s1 = wal_counters(c), int(c.sql(size))
+    lat = tx_latencies(logdir)
+    time.sleep(0.6)                     # statistics of autovacuum, if it came
+    return {
+        "rows": int(c.sql("SELECT count(*) FROM outbox.messages WHERE status = 'pending'")),
+        "pub_avg_ms": sum(lat) / len(lat),
+        "pub_p99_ms": p99(lat),
+        "table_b_per_event": (s1 - s0) / n,
+        "wal_b_per_event": (w1[0] - w0[0]) / n,
+        "autovacuums": int(c.sql(vacuums)) - v0,
+    }
+
+
+def scenario_fanout(variant, subscribers, n=None):
+    """n events (N_FANOUT) published while the workers are paused, then drained: with
+    `subscribers` endpoints subscribed to every event (outbox.publish()), or with 0 enqueue()
+    of one message per event (the baseline)."""
+    n = n or N_FANOUT
+    c = new_dispatcher("fanout")
+    try:
+        for i in range(1, subscribers + 1):
+            c.sql("INSERT INTO outbox.endpoints (name, url) VALUES ('fan%d', 'http://127.0.0.1:%d/hook/%d')"
+                  % (i, NGINX_PORT, i),
+                  "INSERT INTO outbox.subscriptions (endpoint, event_types) VALUES ('fan%d', '{*}')" % i)
+        if subscribers:
+            call = "outbox.publish('order', g::text, 'OrderCreated', %s)" % PAYLOAD
+        else:
+            call = "outbox.enqueue('order', g::text, 'OrderCreated', %s, 'nginx')" % PAYLOAD
+        warm_plans(c)
+        r = drain(c, n, "%s x%d" % (variant, max(subscribers, 1)), produce=lambda c: publish_events(c, n, call))
+        if r["rows"] != n * max(subscribers, 1):
+            raise RuntimeError("%s: %d deliveries for %d events" % (variant, r["rows"], n))
+        r["events_s"] = n / r["seconds"]
+        log("  %-10s publish avg %.3f / p99 %.3f ms per one-event transaction, %.0f table B and %.0f WAL B"
+            " per event (%d autovacuum/analyze); drain %.0f deliveries/s = %.0f events/s; load %.2f"
+            % (variant, r["pub_avg_ms"], r["pub_p99_ms"], r["table_b_per_event"], r["wal_b_per_event"],
+               r["autovacuums"], r["msg_s"], r["events_s"], load_average()))
+        return r
+    finally:
+        c.destroy()
+
+
+def scenario_attempt_log(mode, n=None):
+    """A fresh drain of n messages (N_ATTEMPT) with outbox_dispatcher.attempt_log = mode."""
+    r = scenario_drain(n or N_ATTEMPT, "log %s" % mode,
+                       extra={"outbox_dispatcher.attempt_log": "'%s'" % mode, "track_wal_io_timing": "on"})
+    want = 1.0 if mode == "all" else 0.0     # every request is answered 200
+    if abs(r["attempt_rows_per_msg"] - want) > 1e-9:
+        raise RuntimeError("attempt_log = %s: %.3f attempt rows per message" % (mode, r["attempt_rows_per_msg"]))
+    log("             outbox.attempts: %.2f rows, %.0f B per message; WAL fsyncs %.3f per message, %.0f us"
+        " per message; load %.2f" % (r["attempt_rows_per_msg"], r["attempt_bytes_per_msg"], r["wal_syncs_per_msg"],
+                                     r["wal_sync_us"], load_average()))
+    return r
+
+
 # ---------------------------------------------------------------- report
 
 def summary(values):
@@ -565,6 +725,28 @@ def main():
                     for b in (100, 500):
                         add("scale_w%d_b%d" % (w, b),
                             scenario_drain(N_FRESH, "w%d b%d" % (w, b), workers=w, batch=b)["msg_s"])
+            if "fanout" in SCENARIOS:
+                got = {}
+                for name, subscribers in rotated(FANOUT_VARIANTS, run):
+                    got[name] = r = scenario_fanout(name, subscribers)
+                    for k in ("pub_avg_ms", "pub_p99_ms", "table_b_per_event", "wal_b_per_event", "msg_s",
+                              "events_s"):
+                        add("fanout_%s_%s" % (name, k), r[k])
+                for name in ("pub1", "pub5"):
+                    add("fanout_%s_vs_enqueue_avg" % name, got[name]["pub_avg_ms"] / got["enqueue"]["pub_avg_ms"])
+            if "attempt_log" in SCENARIOS:
+                got = {}
+                for mode in rotated(ATTEMPT_LOG_MODES, run):
+                    got[mode] = r = scenario_attempt_log(mode)
+                    for k in ("msg_s", "drain_wal_b", "drain_wal_records", "attempt_bytes_per_msg", "worker_cpu_us",
+                              "wal_syncs_per_msg", "wal_sync_us"):
+                        add("alog_%s_%s" % (mode, k), r[k])
+                for mode in ("all", "failures"):
+                    # how much lower the drain rate is than with attempt_log = off in the same run, and
+                    # how much more worker CPU a message takes
+                    add("alog_%s_slower_pct" % mode, 100.0 * (1.0 - got[mode]["msg_s"] / got["off"]["msg_s"]))
+                    add("alog_%s_cpu_pct" % mode,
+                        100.0 * (got[mode]["worker_cpu_us"] / got["off"]["worker_cpu_us"] - 1.0))
     finally:
         sink.kill()
         try:
@@ -576,7 +758,8 @@ def main():
     for k, v in runs.items():
         results[k] = summary(v)
     meta = {"cores": os.cpu_count(), "postgresql": version, "runs": RUNS, "n": N_FRESH, "n_backlog": N_BACKLOG,
-            "n_retained": N_RETAINED, "n_repl": N_REPL, "sustain_s": SUSTAIN_S, "sustain_pairs": SUSTAIN_PAIRS, "sustain_tps": SUSTAIN_TPS,
+            "n_retained": N_RETAINED, "n_repl": N_REPL, "n_fanout": N_FANOUT, "n_attempt": N_ATTEMPT,
+            "sustain_s": SUSTAIN_S, "sustain_pairs": SUSTAIN_PAIRS, "sustain_tps": SUSTAIN_TPS,
             "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t_start)}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
@@ -618,13 +801,60 @@ ROWS = [
     ("fresh_insert_wal_b", "WAL per message of the producer's INSERT (for scale)", "B", "%.0f"),
     ("fresh_updates_per_msg", "row updates per delivered message", "", "%.2f"),
     ("fresh_hot_pct", "HOT updates", "%", "%.0f"),
+    ("fanout_enqueue_pub_avg_ms", "fan-out baseline: enqueue() of 1 message per event, tx latency avg"
+     " (%(n_fanout)s one-event transactions, 1 client, workers paused)", "ms", "%.3f"),
+    ("fanout_pub1_pub_avg_ms", "fan-out: publish() to 1 subscribed endpoint, tx latency avg", "ms", "%.3f"),
+    ("fanout_pub5_pub_avg_ms", "fan-out: publish() to 5 subscribed endpoints, tx latency avg", "ms", "%.3f"),
+    ("fanout_enqueue_pub_p99_ms", "fan-out baseline: enqueue(), tx latency p99", "ms", "%.3f"),
+    ("fanout_pub1_pub_p99_ms", "fan-out: publish() to 1 endpoint, tx latency p99", "ms", "%.3f"),
+    ("fanout_pub5_pub_p99_ms", "fan-out: publish() to 5 endpoints, tx latency p99", "ms", "%.3f"),
+    ("fanout_pub1_vs_enqueue_avg", "fan-out: publish() to 1 endpoint / enqueue(), tx latency avg", "x", "%.2f"),
+    ("fanout_pub5_vs_enqueue_avg", "fan-out: publish() to 5 endpoints / enqueue(), tx latency avg", "x", "%.2f"),
+    ("fanout_enqueue_table_b_per_event", "fan-out baseline: outbox.messages growth per event (heap, TOAST, indexes),"
+     " enqueue()", "B", "%.0f"),
+    ("fanout_pub1_table_b_per_event", "fan-out: outbox.messages growth per event, publish() to 1 endpoint", "B", "%.0f"),
+    ("fanout_pub5_table_b_per_event", "fan-out: outbox.messages growth per event, publish() to 5 endpoints", "B", "%.0f"),
+    ("fanout_enqueue_wal_b_per_event", "fan-out baseline: WAL per event (its transaction), enqueue()", "B", "%.0f"),
+    ("fanout_pub1_wal_b_per_event", "fan-out: WAL per event, publish() to 1 endpoint", "B", "%.0f"),
+    ("fanout_pub5_wal_b_per_event", "fan-out: WAL per event, publish() to 5 endpoints", "B", "%.0f"),
+    ("fanout_enqueue_msg_s", "fan-out baseline: drain of the enqueued messages", "deliveries/s", "%.0f"),
+    ("fanout_pub1_msg_s", "fan-out: drain, 1 endpoint", "deliveries/s", "%.0f"),
+    ("fanout_pub5_msg_s", "fan-out: drain, 5 endpoints", "deliveries/s", "%.0f"),
+    ("fanout_pub1_events_s", "fan-out: drain, 1 endpoint", "events/s", "%.0f"),
+    ("fanout_pub5_events_s", "fan-out: drain, 5 endpoints", "events/s", "%.0f"),
+    ("alog_all_msg_s", "drain %(n_attempt)s, fresh table, attempt_log = all", "msg/s", "%.0f"),
+    ("alog_failures_msg_s", "drain %(n_attempt)s, fresh table, attempt_log = failures (all answered 200: nothing"
+     " logged)", "msg/s", "%.0f"),
+    ("alog_off_msg_s", "drain %(n_attempt)s, fresh table, attempt_log = off", "msg/s", "%.0f"),
+    ("alog_all_slower_pct", "attempt_log = all: drain rate below off's in the same run (target <= 15 %%)", "%", "%.1f"),
+    ("alog_failures_slower_pct", "attempt_log = failures: drain rate below off's in the same run", "%", "%.1f"),
+    ("alog_all_worker_cpu_us", "worker CPU (user + system) per delivered message, attempt_log = all", "us", "%.0f"),
+    ("alog_failures_worker_cpu_us", "worker CPU per delivered message, attempt_log = failures", "us", "%.0f"),
+    ("alog_off_worker_cpu_us", "worker CPU per delivered message, attempt_log = off", "us", "%.0f"),
+    ("alog_all_cpu_pct", "attempt_log = all: worker CPU per message above off's in the same run", "%", "%.1f"),
+    ("alog_failures_cpu_pct", "attempt_log = failures: worker CPU per message above off's in the same run",
+     "%", "%.1f"),
+    ("alog_all_drain_wal_b", "WAL per delivered message, attempt_log = all", "B", "%.0f"),
+    ("alog_failures_drain_wal_b", "WAL per delivered message, attempt_log = failures", "B", "%.0f"),
+    ("alog_off_drain_wal_b", "WAL per delivered message, attempt_log = off", "B", "%.0f"),
+    ("alog_all_wal_sync_us", "WAL fsync time per delivered message (track_wal_io_timing), attempt_log = all",
+     "us", "%.0f"),
+    ("alog_failures_wal_sync_us", "WAL fsync time per delivered message, attempt_log = failures", "us", "%.0f"),
+    ("alog_off_wal_sync_us", "WAL fsync time per delivered message, attempt_log = off", "us", "%.0f"),
+    ("alog_all_wal_syncs_per_msg", "WAL fsyncs per delivered message, attempt_log = all", "", "%.4f"),
+    ("alog_off_wal_syncs_per_msg", "WAL fsyncs per delivered message, attempt_log = off", "", "%.4f"),
+    ("alog_all_drain_wal_records", "WAL records per delivered message, attempt_log = all", "", "%.1f"),
+    ("alog_off_drain_wal_records", "WAL records per delivered message, attempt_log = off", "", "%.1f"),
+    ("alog_all_attempt_bytes_per_msg", "outbox.attempts growth per delivered message (partitions and indexes),"
+     " attempt_log = all", "B", "%.0f"),
 ]
 
 
 def render(meta, results):
     fmt = {"n": "{:,}".format(meta["n"]), "n_backlog": "{:,}".format(meta["n_backlog"]),
            "n_retained": "{:,}".format(meta["n_retained"]),
-           "n_repl": "{:,}".format(meta.get("n_repl", 0)), "tps": "{:,}".format(meta["sustain_tps"] * 10)}
+           "n_repl": "{:,}".format(meta.get("n_repl", 0)), "tps": "{:,}".format(meta["sustain_tps"] * 10),
+           "n_fanout": "{:,}".format(meta.get("n_fanout", 0)), "n_attempt": "{:,}".format(meta.get("n_attempt", 0))}
     lines = ["outbox_dispatcher %s, PostgreSQL %s, %d cores, %s; %d runs per figure (min / median / max)."
              % (library_version(), meta["postgresql"], meta["cores"], meta["date"], meta["runs"]), "",
              "| scenario | min | median | max | unit |", "|---|---:|---:|---:|---|"]
