@@ -298,7 +298,7 @@ END
 $partitions$;
 
 CREATE INDEX attempts_message ON @extschema@.attempts (message_id, lease_version);
-CREATE INDEX attempts_started ON @extschema@.attempts USING brin (started_at);
+CREATE INDEX attempts_started ON @extschema@.attempts USING brin (started_at) WITH (autosummarize = on);
 
 COMMENT ON TABLE @extschema@.attempts IS
     'One row per HTTP attempt of the workers (outbox_dispatcher.attempt_log), kept outbox_dispatcher.attempt_log_retention';
@@ -329,7 +329,7 @@ $attempt_privileges$;
 GRANT SELECT ON @extschema@.subscriptions, @extschema@.attempts TO outbox_monitor;
 GRANT SELECT (endpoint, event_types, filter, enabled) ON @extschema@.subscriptions TO outbox_producer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.subscriptions TO outbox_admin;
-GRANT SELECT, INSERT ON @extschema@.attempts TO outbox_admin;
+GRANT SELECT, INSERT, DELETE, TRUNCATE ON @extschema@.attempts TO outbox_admin;
 
 -- ---------------------------------------------------------------- fan-out
 -- publish() and subscribers() run with the caller's rights, like enqueue():

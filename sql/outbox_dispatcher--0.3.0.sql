@@ -369,7 +369,7 @@ END
 $partitions$;
 
 CREATE INDEX attempts_message ON @extschema@.attempts (message_id, lease_version);
-CREATE INDEX attempts_started ON @extschema@.attempts USING brin (started_at);
+CREATE INDEX attempts_started ON @extschema@.attempts USING brin (started_at) WITH (autosummarize = on);
 
 COMMENT ON TABLE @extschema@.attempts IS
     'One row per HTTP attempt of the workers (outbox_dispatcher.attempt_log), kept outbox_dispatcher.attempt_log_retention';
@@ -919,7 +919,7 @@ GRANT SELECT ON @extschema@.queue_depth, @extschema@.health,
                 @extschema@.worker_stats, @extschema@.endpoint_health, @extschema@.attempt_stats
     TO outbox_admin;
 -- the workers write the attempt log and empty its old partitions
-GRANT SELECT, INSERT ON @extschema@.attempts TO outbox_admin;
+GRANT SELECT, INSERT, DELETE, TRUNCATE ON @extschema@.attempts TO outbox_admin;
 DO $attempt_grants$
 BEGIN
     FOR b IN 0..31 LOOP

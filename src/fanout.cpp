@@ -28,6 +28,7 @@
 #include "triggers.h"
 #include "outbox_dispatcher.h"
 #include "core/pattern.hpp"
+#include "core/validate.hpp"
 
 extern "C" {
 #include "funcapi.h"
@@ -108,6 +109,8 @@ matching_endpoints(Datum event_type, Datum payload, Datum **out)
     Datum *names;
     text  *et = DatumGetTextPP(event_type);
 
+    payload = PointerGetDatum(PG_DETOAST_DATUM(payload)); /* once, not per filter */
+
     od_prepare(&plan_subscriptions, SQL_SUBSCRIPTIONS, 0, nullptr);
     rc = SPI_execute_plan(plan_subscriptions, nullptr, nullptr, true, 0);
     if (rc != SPI_OK_SELECT)
@@ -121,6 +124,7 @@ matching_endpoints(Datum event_type, Datum payload, Datum **out)
         Datum     endpoint = SPI_getbinval(tup, desc, 1, &isnull);
         Datum     patterns, filter;
 
+        CHECK_FOR_INTERRUPTS();
         if (isnull)
             continue;
         /* sorted by endpoint: an endpoint already taken needs no second look */
@@ -137,6 +141,24 @@ matching_endpoints(Datum event_type, Datum payload, Datum **out)
     SPI_freetuptable(SPI_tuptable);
     *out = names;
     return n;
+}
+
+/*
+ * The event type is matched against every pattern: bound it first, as the
+ * insert trigger would (at most 8 KB, no control characters).
+ */
+static void
+check_event_type(Datum event_type)
+{
+    text       *t = DatumGetTextPP(event_type);
+    const char *problem = od::check_header_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+
+    if (VARSIZE_ANY_EXHDR(t) == 0)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("event_type must not be empty")));
+    if (problem)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("event_type %s", problem),
+                 errdetail("It is sent in an HTTP header.")));
 }
 
 static void
@@ -159,6 +181,7 @@ od_publish_sql(PG_FUNCTION_ARGS)
     char             nulls[8] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
     Datum           *endpoints;
     Datum           *ids;
+    int64           *idvals;
     int              n;
     int              level;
     int              rc;
@@ -179,6 +202,7 @@ od_publish_sql(PG_FUNCTION_ARGS)
     args[6] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
     nulls[6] = PG_ARGISNULL(6) ? 'n' : ' ';
 
+    check_event_type(args[2]);
     level = od_spi_connect();
     n = matching_endpoints(args[2], args[3], &endpoints);
     if (n == 0)
@@ -186,7 +210,7 @@ od_publish_sql(PG_FUNCTION_ARGS)
         /* nothing is written: refuse bad input as the insert trigger would */
         od_check_message_values(args[0], args[1], args[2], args[3], args[6], nulls[6] == 'n', args[5],
                                 nulls[5] == 'n');
-        ids = nullptr;
+        idvals = nullptr;
     }
     else
     {
@@ -199,15 +223,19 @@ od_publish_sql(PG_FUNCTION_ARGS)
         rc = SPI_execute_plan(plan_publish, args, nulls, false, 0);
         if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != (uint64) n)
             elog(ERROR, "outbox_dispatcher: publish failed: %s", SPI_result_code_string(rc));
-        ids = (Datum *) SPI_palloc(sizeof(Datum) * n);
+        idvals = (int64 *) SPI_palloc(sizeof(int64) * n);
         for (uint64 i = 0; i < SPI_processed; i++)
         {
             bool isnull;
 
-            ids[nids++] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+            idvals[nids++] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
         }
     }
     od_spi_finish(level);
+    /* Datums made here, not taken from SPI's tuples (an int8 Datum is a pointer on 32-bit builds) */
+    ids = (Datum *) palloc(sizeof(Datum) * (nids + 1));
+    for (int i = 0; i < nids; i++)
+        ids[i] = Int64GetDatum(idvals[i]);
 
     /* RETURNING follows the insert order, which is the ids' order */
     result = construct_array(ids, nids, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
@@ -242,6 +270,7 @@ od_subscribers_sql(PG_FUNCTION_ARGS)
 
     if (!PG_ARGISNULL(0) && !PG_ARGISNULL(1))
     {
+        check_event_type(PG_GETARG_DATUM(0));
         level = od_spi_connect();
         n = matching_endpoints(PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), &endpoints);
         oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);

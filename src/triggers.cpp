@@ -28,6 +28,7 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "utils/jsonb.h"
 #include "utils/rel.h"
 #include "utils/xid8.h"
@@ -619,8 +620,10 @@ od_subscription_check(PG_FUNCTION_ARGS)
                 ereport(ERROR,
                         (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                          errmsg("event type pattern \"%s\" %s",
-                                printable(VARDATA_ANY(t), Min(VARSIZE_ANY_EXHDR(t), 64)), problem),
-                         errdetail("Element %d of event_types; '*' matches any run of characters.", i + 1)));
+                                printable(VARDATA_ANY(t),
+                                          pg_mbcliplen(VARDATA_ANY(t), (int) VARSIZE_ANY_EXHDR(t), 64)),
+                                problem),
+                         errdetail("It is element %d of event_types; '*' matches any run of characters.", i + 1)));
         }
     }
 

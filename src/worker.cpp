@@ -354,10 +354,13 @@ step_purge(void)
 static void
 step_expire_attempts(void)
 {
-    begin_tx("expiring the attempt log");
-    od_expire_attempts((od_attempt_log_retention_s + 86399) / 86400, W.sched.next_attempt_expiry == 0);
-    end_tx();
+    bool recheck = W.sched.next_attempt_expiry == 0;
+
+    /* set first: an ERROR below waits for the next minute, not the next second */
     W.sched.next_attempt_expiry = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 60000);
+    begin_tx("expiring the attempt log");
+    od_expire_attempts((od_attempt_log_retention_s + 86399) / 86400, recheck);
+    end_tx();
 }
 
 /* Sleep until the least of the schedule's deadlines, a socket, the latch or postmaster death. */

@@ -5,6 +5,11 @@
  * See worker.h.
  */
 #include "worker.h"
+
+extern "C" {
+#include "access/xact.h"
+#include "utils/resowner.h"
+}
 #include "attempt_log.h"
 #include "core/attempt_log.hpp"
 
@@ -154,6 +159,53 @@ endpoint_of_tag(int tag)
 }
 
 /*
+ * The log must never hold the results back: written in a subtransaction,
+ * whose failure (a partition detached or locked away, a constraint an
+ * operator added) drops these rows with a WARNING — at most one a minute —
+ * and lets the finalize commit.
+ */
+static void
+write_attempts(const OdAttempt *rows, int n)
+{
+    static TimestampTz last_warning = 0;
+    MemoryContext      cxt = CurrentMemoryContext;
+    ResourceOwner      owner = CurrentResourceOwner;
+
+    if (n <= 0)
+        return;
+    BeginInternalSubTransaction(nullptr);
+    MemoryContextSwitchTo(cxt);
+    PG_TRY();
+    {
+        od_log_attempts(rows, n);
+        ReleaseCurrentSubTransaction();
+        MemoryContextSwitchTo(cxt);
+        CurrentResourceOwner = owner;
+    }
+    PG_CATCH();
+    {
+        ErrorData  *edata;
+        TimestampTz now = GetCurrentTimestamp();
+
+        MemoryContextSwitchTo(cxt);
+        edata = CopyErrorData();
+        FlushErrorState();
+        RollbackAndReleaseCurrentSubTransaction();
+        MemoryContextSwitchTo(cxt);
+        CurrentResourceOwner = owner;
+        if (now - last_warning >= 60 * USECS_PER_SEC)
+        {
+            last_warning = now;
+            ereport(WARNING,
+                    (errmsg("outbox_dispatcher: %d row(s) of outbox.attempts were not written: %s", n, edata->message),
+                     errdetail("The deliveries were finalized; only their attempt log is missing.")));
+        }
+        FreeErrorData(edata);
+    }
+    PG_END_TRY();
+}
+
+/*
  * One outbox.attempts row per request sent (not for messages released
  * unsent or failed on our side), in the finalize's transaction: the log
  * commits with the results it describes.
@@ -208,7 +260,7 @@ log_attempts(FinalizeBatch *fb)
         }
         n++;
     }
-    od_log_attempts(rows, n);
+    write_attempts(rows, n);
 }
 
 void

@@ -881,9 +881,21 @@ sub run_sql_api
 				"SELECT outbox._lost_leases() >= 0;")),
 		"t\nt\n2\nt\n1\n0\n4\n3\n3\nt\nt\nt\nt\nf\nt\nf\n\na\\\"b\nt",
 		"$label: mark_dead, retry_dead, skip, replay, move_messages, pause/resume_endpoint, wake, _prom_label, _lost_leases");
+	# fan-out and recovery by window (the published deliveries are skipped: nothing stays
+	# unfinished; the test's own statements name pg_catalog, the session's search_path is hostile)
+	is( $run->(join("\n",
+				"INSERT INTO outbox.subscriptions (endpoint, event_types) VALUES ('default', '{$ev}') RETURNING enabled;",
+				"SELECT pg_catalog.count(*) FROM outbox.subscribers('$ev', '{}');",
+				"SELECT pg_catalog.count(outbox.skip(d, 'published by the test'))"
+				  . " FROM pg_catalog.unnest(outbox.publish('fan', 'out', '$ev', '{}')) AS d;",
+				"SELECT outbox.recover('default', now(), now());",
+				"SELECT outbox.replay_window('default', now(), now());",
+				"DELETE FROM outbox.subscriptions WHERE endpoint = 'default' RETURNING enabled;")),
+		"t\n1\n1\n0\n0\nt", "$label: subscriptions, subscribers, publish, recover, replay_window");
 	like($run->('SELECT outbox.metrics()'), qr/^outbox_messages\{status="done"\} \d+$/m, "$label: metrics()");
 	$CALLED{$_} = 1 for qw(enqueue claim mark_done reschedule mark_dead retry retry_dead skip replay
-	  move_messages pause_endpoint resume_endpoint wake _prom_label _lost_leases metrics purge);
+	  move_messages pause_endpoint resume_endpoint wake _prom_label _lost_leases metrics purge
+	  publish subscribers recover replay_window);
 	# every function without arguments (_worker_stats, _endpoint_health, and any added later)
 	for my $f (split /\n/, sq(q{SELECT p.proname FROM pg_proc p
 	                             WHERE p.pronamespace = 'outbox'::regnamespace AND p.pronargs = 0

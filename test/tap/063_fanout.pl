@@ -65,6 +65,9 @@
 #     and 1-day-old rows and today's real rows stay. A 32-day-old row in
 #     today's (kept) bucket, left by a turn of the ring that was never
 #     emptied, is deleted too.
+#   - the log never holds deliveries back: with today's partition detached,
+#     deliveries are finalized all the same and a WARNING says what was not
+#     logged (the insert runs in a subtransaction).
 #
 # Run: see 010_delivery.pl.
 use strict;
@@ -736,6 +739,27 @@ is($sink->stats->{by_path}{'/flaky'}, 50, 'attempt_log = off: flaky saw 10 more 
 is(sql('SELECT count(*) FROM outbox.attempts WHERE message_id IN (' . in_list($po_ids) . ')'), '0',
 	'attempt_log = off: nothing logged');
 sql(q{ALTER SYSTEM SET outbox_dispatcher.attempt_log = 'all'; SELECT pg_reload_conf()});
+ok(wait_workers_cycled($node), 'attempt_log = all: every worker reloaded');
+
+# The log never holds deliveries back: with today's partition detached the
+# log's insert fails; the deliveries are finalized all the same and a
+# WARNING says what was not written.
+my $today_part = sprintf('outbox.attempts_%02d', sql('SELECT mod(floor(extract(epoch FROM now()) / 86400)::bigint, 32)'));
+my $log_pos = -s $node->logfile;
+sql("ALTER TABLE outbox.attempts DETACH PARTITION $today_part");
+my $pd = [ map { +{ key => "p4-d$_", agg_type => 'fl', agg_id => "d$_", type => 'flaky.z', payload => { n => $_ } } } 1 .. 5 ];
+publish_events($pd);
+load_rows($pd);
+my $pd_ids = [ map { @{ $_->{rows} } } @$pd ];
+ok(poll_until($node, 'SELECT count(*) FROM outbox.messages WHERE status = \'done\' AND id IN (' . in_list($pd_ids) . ')', '10', 30),
+	'attempt log failing (partition detached): the 10 deliveries are done all the same');
+my $log_text = PostgreSQL::Test::Utils::slurp_file($node->logfile, $log_pos);
+like($log_text, qr/WARNING:  outbox_dispatcher: \d+ row\(s\) of outbox.attempts were not written: no partition of relation "attempts" found for row/,
+	'attempt log failing: a WARNING names what was not written');
+is(sql('SELECT count(*) FROM outbox.attempts WHERE message_id IN (' . in_list($pd_ids) . ')'), '0',
+	'attempt log failing: nothing of them logged');
+sql("ALTER TABLE outbox.attempts ATTACH PARTITION $today_part FOR VALUES IN ("
+	  . sql('SELECT mod(floor(extract(epoch FROM now()) / 86400)::bigint, 32)') . ')');
 
 # ------------------------------------------------------------------ 5. attempt-log retention
 # rows at noon UTC of past days, in their day's bucket; message_id < 0 marks them
