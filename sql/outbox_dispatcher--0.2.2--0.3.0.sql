@@ -432,6 +432,9 @@ SELECT e.name AS endpoint,
 -- The attempt log's last minute, per endpoint and outcome: reads only the
 -- partitions of today and of a minute ago, and in them only the block
 -- ranges of that minute (attempts_started is a BRIN index).
+-- The bucket of a UTC day is the day number modulo 32, as od::attempt_bucket()
+-- (src/core/attempt_log.cpp) computes it for the rows the workers insert:
+-- the two must agree, or this view misses rows.
 CREATE VIEW @extschema@.attempt_stats AS
 SELECT a.endpoint,
        a.outcome,

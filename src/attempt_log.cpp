@@ -26,19 +26,6 @@ static const char *const SQL_LOG_ATTEMPTS =
     " SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::text[], $5::int[], $6::timestamptz[],"
     "                      $7::float8[], $8::text[], $9::int[], $10::text[], $11::text[], $12::text[], $13::int2[])";
 
-static Datum
-array_of(Datum *elems, bool *nulls, int n, Oid type)
-{
-    int16 typlen;
-    bool  typbyval;
-    char  typalign;
-    int   dims[1] = { n };
-    int   lbs[1] = { 1 };
-
-    get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
-    return PointerGetDatum(construct_md_array(elems, nulls, 1, dims, lbs, type, typlen, typbyval, typalign));
-}
-
 void
 od_log_attempts(const OdAttempt *rows, int n)
 {
@@ -83,7 +70,7 @@ od_log_attempts(const OdAttempt *rows, int n)
         cols[12][i] = Int16GetDatum((int16) od::attempt_bucket(od::attempt_day(unix_us)));
     }
     for (int c = 0; c < 13; c++)
-        args[c] = array_of(cols[c], nulls[c], n, elem[c]);
+        args[c] = PointerGetDatum(od_build_array(cols[c], nulls[c], n, elem[c]));
     od_prepare(&plan_log, SQL_LOG_ATTEMPTS, 13, types);
     rc = SPI_execute_plan(plan_log, args, nullptr, false, 0);
     if (rc != SPI_OK_INSERT)

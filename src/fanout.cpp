@@ -144,31 +144,6 @@ matching_endpoints(Datum event_type, Datum payload, Datum **out)
 }
 
 /*
- * The event type is matched against every pattern: bound it first, as the
- * insert trigger would (at most 8 KB, no control characters).
- */
-static void
-check_event_type(Datum event_type)
-{
-    text       *t = DatumGetTextPP(event_type);
-    const char *problem = od::check_header_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
-
-    if (VARSIZE_ANY_EXHDR(t) == 0)
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("event_type must not be empty")));
-    if (problem)
-        ereport(ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("event_type %s", problem),
-                 errdetail("It is sent in an HTTP header.")));
-}
-
-static void
-require(FunctionCallInfo fcinfo, int argno, const char *name)
-{
-    if (PG_ARGISNULL(argno))
-        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be null", name)));
-}
-
-/*
  * publish(aggregate_type, aggregate_id, event_type, payload, ordered,
  * available_at, headers) -> bigint[]: the ids of the deliveries, ascending
  * ('{}' when no subscription matches; the input is checked all the same).
@@ -188,10 +163,10 @@ od_publish_sql(PG_FUNCTION_ARGS)
     int              nids = 0;
     ArrayType       *result;
 
-    require(fcinfo, 0, "aggregate_type");
-    require(fcinfo, 1, "aggregate_id");
-    require(fcinfo, 2, "event_type");
-    require(fcinfo, 3, "payload");
+    od_require_arg(fcinfo, 0, "aggregate_type");
+    od_require_arg(fcinfo, 1, "aggregate_id");
+    od_require_arg(fcinfo, 2, "event_type");
+    od_require_arg(fcinfo, 3, "payload");
     args[0] = PG_GETARG_DATUM(0);
     args[1] = PG_GETARG_DATUM(1);
     args[2] = PG_GETARG_DATUM(2);
@@ -202,7 +177,8 @@ od_publish_sql(PG_FUNCTION_ARGS)
     args[6] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
     nulls[6] = PG_ARGISNULL(6) ? 'n' : ' ';
 
-    check_event_type(args[2]);
+    /* matched against every pattern: bounded first, as the insert trigger would */
+    od_check_header_safe_value(args[2], "event_type", false);
     level = od_spi_connect();
     n = matching_endpoints(args[2], args[3], &endpoints);
     if (n == 0)
@@ -214,10 +190,7 @@ od_publish_sql(PG_FUNCTION_ARGS)
     }
     else
     {
-        int dims[1] = { n };
-        int lbs[1] = { 1 };
-
-        args[7] = PointerGetDatum(construct_md_array(endpoints, nullptr, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
+        args[7] = PointerGetDatum(od_build_array(endpoints, nullptr, n, TEXTOID));
         od_prepare(&plan_publish, SQL_PUBLISH, 8, types);
         /* tcount 0: the AFTER STATEMENT wake trigger must fire (see od_enqueue) */
         rc = SPI_execute_plan(plan_publish, args, nulls, false, 0);
@@ -270,7 +243,7 @@ od_subscribers_sql(PG_FUNCTION_ARGS)
 
     if (!PG_ARGISNULL(0) && !PG_ARGISNULL(1))
     {
-        check_event_type(PG_GETARG_DATUM(0));
+        od_check_header_safe_value(PG_GETARG_DATUM(0), "event_type", false);
         level = od_spi_connect();
         n = matching_endpoints(PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), &endpoints);
         oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);

@@ -109,3 +109,10 @@ od_us_to_interval(int64 us)
     iv->time = us;
     return IntervalPGetDatum(iv);
 }
+
+void
+od_require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+    if (PG_ARGISNULL(argno))
+        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be null", name)));
+}

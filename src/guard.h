@@ -21,6 +21,9 @@ extern void  od_unpin_search_path(int nestlevel);
 extern int   od_spi_connect(void);
 extern void  od_spi_finish(int nestlevel);
 
+/* Argument argno of a SQL-callable function is not null; "<name> must not be null" otherwise. */
+extern void  od_require_arg(FunctionCallInfo fcinfo, int argno, const char *name);
+
 /*
  * Time conversions, the only ones: saturating interval -> microseconds
  * (months as 30 days; infinite intervals saturate), microseconds -> an

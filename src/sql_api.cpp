@@ -40,16 +40,9 @@ PG_FUNCTION_INFO_V1(od_resume_endpoint_sql);
 }
 
 static void
-require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
-{
-    if (PG_ARGISNULL(argno))
-        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be null", name)));
-}
-
-static void
 require_nonempty_text(FunctionCallInfo fcinfo, int argno, const char *name)
 {
-    require_arg(fcinfo, argno, name);
+    od_require_arg(fcinfo, argno, name);
     if (VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(argno)) == 0)
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must not be empty", name)));
 }
@@ -69,7 +62,7 @@ positive_interval_arg(FunctionCallInfo fcinfo, int argno, const char *name, bool
 {
     int64 us;
 
-    require_arg(fcinfo, argno, name);
+    od_require_arg(fcinfo, argno, name);
     us = od_interval_us(PG_GETARG_INTERVAL_P(argno));
     if (us < 0 || (us == 0 && !allow_zero))
         ereport(ERROR,
@@ -104,11 +97,11 @@ od_enqueue_sql(PG_FUNCTION_ARGS)
     bool  nulls[8];
     int64 id;
 
-    require_arg(fcinfo, 0, "aggregate_type");
-    require_arg(fcinfo, 1, "aggregate_id");
-    require_arg(fcinfo, 2, "event_type");
-    require_arg(fcinfo, 3, "payload");
-    require_arg(fcinfo, 4, "endpoint");
+    od_require_arg(fcinfo, 0, "aggregate_type");
+    od_require_arg(fcinfo, 1, "aggregate_id");
+    od_require_arg(fcinfo, 2, "event_type");
+    od_require_arg(fcinfo, 3, "payload");
+    od_require_arg(fcinfo, 4, "endpoint");
     for (int i = 0; i < 8; i++)
     {
         nulls[i] = PG_ARGISNULL(i);
@@ -164,7 +157,7 @@ od_claim_v022_sql(PG_FUNCTION_ARGS)
     TupleDesc        tupdesc;
 
     require_nonempty_text(fcinfo, 0, "owner");
-    require_arg(fcinfo, 1, "batch");
+    od_require_arg(fcinfo, 1, "batch");
     batch = PG_GETARG_INT32(1);
     if (batch <= 0)
         ereport(ERROR,
@@ -238,8 +231,8 @@ static void
 fence_args(FunctionCallInfo fcinfo, OdFinalize *item)
 {
     memset(item, 0, sizeof(*item));
-    require_arg(fcinfo, 0, "id");
-    require_arg(fcinfo, 1, "lease_version");
+    od_require_arg(fcinfo, 0, "id");
+    od_require_arg(fcinfo, 1, "lease_version");
     item->id = PG_GETARG_INT64(0);
     item->lease_version = PG_GETARG_INT64(1);
 }
@@ -289,7 +282,7 @@ od_retry_sql(PG_FUNCTION_ARGS)
 {
     bool ok;
 
-    require_arg(fcinfo, 0, "id");
+    od_require_arg(fcinfo, 0, "id");
     int level = od_spi_connect();
     ok = od_retry(PG_GETARG_INT64(0));
     od_spi_finish(level);
@@ -318,7 +311,7 @@ od_skip_sql(PG_FUNCTION_ARGS)
 {
     bool ok;
 
-    require_arg(fcinfo, 0, "id");
+    od_require_arg(fcinfo, 0, "id");
     require_nonempty_text(fcinfo, 1, "reason");
     int level = od_spi_connect();
     ok = od_skip(PG_GETARG_INT64(0), text_to_cstring(PG_GETARG_TEXT_PP(1)));
@@ -352,8 +345,8 @@ od_replay_sql(PG_FUNCTION_ARGS)
     const char *endpoint;
     uint64      n;
 
-    require_arg(fcinfo, 0, "from_id");
-    require_arg(fcinfo, 1, "to_id");
+    od_require_arg(fcinfo, 0, "from_id");
+    od_require_arg(fcinfo, 1, "to_id");
     from_id = PG_GETARG_INT64(0);
     to_id = PG_GETARG_INT64(1);
     if (from_id > to_id)
@@ -383,9 +376,9 @@ recover_window(FunctionCallInfo fcinfo, bool dead)
     uint64      n;
     int         level;
 
-    require_arg(fcinfo, 0, "endpoint");
-    require_arg(fcinfo, 1, "since");
-    require_arg(fcinfo, 2, "until");
+    od_require_arg(fcinfo, 0, "endpoint");
+    od_require_arg(fcinfo, 1, "since");
+    od_require_arg(fcinfo, 2, "until");
     since = PG_GETARG_TIMESTAMPTZ(1);
     until = PG_GETARG_TIMESTAMPTZ(2);
     if (since > until)
@@ -432,7 +425,7 @@ od_move_messages_sql(PG_FUNCTION_ARGS)
 
     require_nonempty_text(fcinfo, 0, "from_endpoint");
     require_nonempty_text(fcinfo, 1, "to_endpoint");
-    require_arg(fcinfo, 2, "statuses");
+    od_require_arg(fcinfo, 2, "statuses");
     from = text_to_cstring(PG_GETARG_TEXT_PP(0));
     to = text_to_cstring(PG_GETARG_TEXT_PP(1));
     if (strcmp(from, to) == 0)
@@ -471,7 +464,7 @@ endpoint_id_arg(FunctionCallInfo fcinfo)
 {
     int64 id = 0;
 
-    require_arg(fcinfo, 0, "name");
+    od_require_arg(fcinfo, 0, "name");
     require_endpoint(PG_GETARG_DATUM(0), &id);
     return id;
 }

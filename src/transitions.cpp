@@ -357,8 +357,8 @@ od_prepare_hot(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes
 
 /* ---------------------------------------------------------------- claim */
 
-static ArrayType *
-build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
+ArrayType *
+od_build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 {
     int16 typlen;
     bool  typbyval;
@@ -447,9 +447,9 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
             ns[i] = Int32GetDatum(quotas[i]);
             tk[i] = BoolGetDatum(takeover == nullptr || takeover[i]);
         }
-        args[4] = PointerGetDatum(build_array(names, nullptr, n_endpoints, TEXTOID));
-        args[5] = PointerGetDatum(build_array(ns, nullptr, n_endpoints, INT4OID));
-        args[6] = PointerGetDatum(build_array(tk, nullptr, n_endpoints, BOOLOID));
+        args[4] = PointerGetDatum(od_build_array(names, nullptr, n_endpoints, TEXTOID));
+        args[5] = PointerGetDatum(od_build_array(ns, nullptr, n_endpoints, INT4OID));
+        args[6] = PointerGetDatum(od_build_array(tk, nullptr, n_endpoints, BOOLOID));
     }
     rc = SPI_execute_plan(plan_claim[order][which], args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)
@@ -556,15 +556,15 @@ od_finalize(OdFinalize *items, int n, int flags)
         untils[i] = TimestampTzGetDatum(it->lease_until);
         until_nulls[i] = (it->lease_until == 0);
     }
-    args[0] = PointerGetDatum(build_array(ids, nullptr, n, INT8OID));
-    args[1] = PointerGetDatum(build_array(vers, nullptr, n, INT8OID));
-    args[2] = PointerGetDatum(build_array(statuses, nullptr, n, TEXTOID));
-    args[3] = PointerGetDatum(build_array(delays, nullptr, n, INTERVALOID));
-    args[4] = PointerGetDatum(build_array(errors, err_nulls, n, TEXTOID));
-    args[5] = PointerGetDatum(build_array(https, http_nulls, n, INT4OID));
-    args[6] = PointerGetDatum(build_array(refunds, nullptr, n, BOOLOID));
+    args[0] = PointerGetDatum(od_build_array(ids, nullptr, n, INT8OID));
+    args[1] = PointerGetDatum(od_build_array(vers, nullptr, n, INT8OID));
+    args[2] = PointerGetDatum(od_build_array(statuses, nullptr, n, TEXTOID));
+    args[3] = PointerGetDatum(od_build_array(delays, nullptr, n, INTERVALOID));
+    args[4] = PointerGetDatum(od_build_array(errors, err_nulls, n, TEXTOID));
+    args[5] = PointerGetDatum(od_build_array(https, http_nulls, n, INT4OID));
+    args[6] = PointerGetDatum(od_build_array(refunds, nullptr, n, BOOLOID));
     args[7] = od_us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
-    args[8] = PointerGetDatum(build_array(untils, until_nulls, n, TIMESTAMPTZOID));
+    args[8] = PointerGetDatum(od_build_array(untils, until_nulls, n, TIMESTAMPTZOID));
 
     rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)

@@ -33,6 +33,9 @@ typedef struct OdFinalize
 /* Prepare sql once into *slot (kept across transactions; the plan cache decides generic or custom). */
 extern SPIPlanPtr od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes);
 
+/* A one-dimensional array of n elements of elemtype (nulls may be NULL), palloc'd. */
+extern ArrayType *od_build_array(Datum *elems, bool *nulls, int n, Oid elemtype);
+
 /* Columns returned by od_claim(), in this order. */
 #define OD_CLAIM_NATTS 11
 

@@ -121,8 +121,8 @@ reject_nulls(TriggerData *trig, HeapTuple tup)
 }
 
 /* A text value that will be sent as (part of) an HTTP header value. */
-static void
-check_header_safe_value(Datum d, const char *colname, bool allow_empty)
+void
+od_check_header_safe_value(Datum d, const char *colname, bool allow_empty)
 {
     text       *t = DatumGetTextPP(d);
     const char *problem;
@@ -145,7 +145,7 @@ check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bo
 
     if (isnull)
         return; /* NOT NULL constraints report this */
-    check_header_safe_value(d, colname, allow_empty);
+    od_check_header_safe_value(d, colname, allow_empty);
 }
 
 /*
@@ -299,9 +299,9 @@ void
 od_check_message_values(Datum aggregate_type, Datum aggregate_id, Datum event_type, Datum payload, Datum headers,
                         bool headers_null, Datum available_at, bool available_at_null)
 {
-    check_header_safe_value(aggregate_type, "aggregate_type", false);
-    check_header_safe_value(aggregate_id, "aggregate_id", false);
-    check_header_safe_value(event_type, "event_type", false);
+    od_check_header_safe_value(aggregate_type, "aggregate_type", false);
+    od_check_header_safe_value(aggregate_id, "aggregate_id", false);
+    od_check_header_safe_value(event_type, "event_type", false);
     if (!headers_null)
         check_headers_object(DatumGetJsonbP(headers), "message headers");
     check_payload_size(payload);

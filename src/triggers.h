@@ -15,4 +15,11 @@
 extern void od_check_message_values(Datum aggregate_type, Datum aggregate_id, Datum event_type, Datum payload,
                                     Datum headers, bool headers_null, Datum available_at, bool available_at_null);
 
+/*
+ * A text value that is sent as (part of) an HTTP header value: at most 8 KB,
+ * no control characters, not empty unless allow_empty; the error names
+ * colname.  Raises an ERROR.
+ */
+extern void od_check_header_safe_value(Datum d, const char *colname, bool allow_empty);
+
 #endif

@@ -16,6 +16,10 @@ attempt_day(int64_t unix_us) noexcept
     return d;
 }
 
+/*
+ * The attempt_stats view (sql/outbox_dispatcher--0.3.0.sql) computes the same
+ * bucket in SQL (mod(floor(epoch / 86400), 32)): change both or neither.
+ */
 int
 attempt_bucket(int64_t day) noexcept
 {
