@@ -43,6 +43,7 @@ int                            od_defer_delay_ms = 30000;
 int                            od_max_defer_age_s = 86400;
 int                            od_retention_s = 7 * 86400;
 char                          *od_source = nullptr;
+char                          *od_message_id_prefix = nullptr;
 int                            od_max_payload_bytes = 1024 * 1024;
 int                            od_max_header_bytes = 16384;
 int                            od_max_headers = 64;
@@ -143,6 +144,24 @@ od_check_source(char **newval, void **extra, GucSource source)
     return true;
 }
 
+/* outbox_dispatcher.message_id_prefix: see od::check_id_prefix. */
+static bool
+od_check_message_id_prefix(char **newval, void **extra, GucSource source)
+{
+    const char *problem;
+
+    if (*newval == nullptr)
+        return true;
+    problem = od::check_id_prefix(*newval, strlen(*newval));
+    if (problem)
+    {
+        GUC_check_errmsg("outbox_dispatcher.message_id_prefix %s", problem);
+        GUC_check_errdetail("It is sent before the message id in the Idempotency-Key, ce-id and webhook-id headers.");
+        return false;
+    }
+    return true;
+}
+
 static void
 od_define_gucs(void)
 {
@@ -198,6 +217,10 @@ od_define_gucs(void)
     DefineCustomStringVariable("outbox_dispatcher.source",
                                "CloudEvents source attribute (empty: /postgresql/<database>/outbox).", NULL, &od_source,
                                "", PGC_SIGHUP, 0, od_check_source, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.message_id_prefix",
+                               "Sent before the message id in Idempotency-Key, ce-id and webhook-id (empty: the bare id).",
+                               "Makes ids unique across databases that feed one receiver.", &od_message_id_prefix, "",
+                               PGC_SIGHUP, 0, od_check_message_id_prefix, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_payload_bytes",
                             "Largest payload accepted, measured as the JSON text sent.", NULL, &od_max_payload_bytes,
                             1024 * 1024, 1, 1024 * 1024 * 1024, PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);

@@ -22,6 +22,7 @@ extern int   od_defer_delay_ms;
 extern int   od_max_defer_age_s;
 extern int   od_retention_s;
 extern char *od_source;
+extern char *od_message_id_prefix;
 extern int   od_max_payload_bytes;
 extern int   od_max_header_bytes;
 extern int   od_max_headers;

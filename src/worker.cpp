@@ -209,7 +209,8 @@ apply_settings(void)
         snprintf(srcbuf, sizeof(srcbuf), "/postgresql/%s/outbox", od_database);
     try
     {
-        s.source = srcbuf;
+        s.wire.source = srcbuf;
+        s.wire.id_prefix = od_message_id_prefix ? od_message_id_prefix : "";
     }
     catch (...)
     {}

@@ -149,10 +149,19 @@ void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
                          m.event_type.c_str(),
                          m.aggregate_type.c_str(),
                          m.aggregate_id.c_str(),
-                         m.created_at_unix_us};
-        built = build_request_headers(head, settings_.source, ep.cfg.header_lines, m.header_lines,
-                                      ep.cfg.key.empty() ? nullptr : ep.cfg.key.data(), ep.cfg.key.size(), now_unix_s,
-                                      m.body.data(), m.body.size(), header_buf_);
+                         m.created_at_unix_us,
+                         m.traceparent.c_str(),
+                         m.tracestate.c_str()};
+        SigningKey keys[2];
+        std::size_t nkeys = 0;
+        if (!ep.cfg.key.empty()) {
+            keys[nkeys++] = SigningKey{ep.cfg.key.data(), ep.cfg.key.size()};
+            /* during a rotation's grace period the replaced secret signs too, after the new one */
+            if (!ep.cfg.previous_key.empty() && now_unix_s < ep.cfg.previous_key_until_unix_s)
+                keys[nkeys++] = SigningKey{ep.cfg.previous_key.data(), ep.cfg.previous_key.size()};
+        }
+        built = build_request_headers(head, settings_.wire, ep.cfg.header_lines, m.header_lines, keys, nkeys,
+                                      now_unix_s, m.body.data(), m.body.size(), header_buf_);
         if (built) {
             uint64_t tag = next_tag_++;
             sent_.emplace(tag, Sent{m.id, m.lease_version, m.lease_until_us, m.attempts, ep.cfg.name, m.endpoint_tag, unix_now_us()});

@@ -31,6 +31,7 @@
 
 #include "core/http_engine.hpp"
 #include "core/outcome.hpp"
+#include "core/request.hpp"
 
 namespace od {
 
@@ -39,6 +40,12 @@ struct EndpointConfig {
     std::string url;
     std::vector<std::string> header_lines; /* "Name: value" */
     std::vector<unsigned char> key;        /* decoded signing secret; empty = unsigned */
+    /*
+     * The secret rotate_secret() replaced, still signed with (after key)
+     * until previous_key_until_unix_s; empty = none.
+     */
+    std::vector<unsigned char> previous_key;
+    int64_t previous_key_until_unix_s = 0;
     long timeout_ms = 10000;
     std::vector<int> defer_statuses;
 };
@@ -54,6 +61,8 @@ struct ClaimedMessage {
     std::string aggregate_id;
     std::string body;                      /* payload JSON text, sent as is */
     std::vector<std::string> header_lines; /* the message's extra headers */
+    std::string traceparent;               /* W3C trace context; empty = none */
+    std::string tracestate;
     int64_t created_at_unix_us = 0;
     int endpoint_tag = -1; /* caller's tag, copied to the outcome */
 };
@@ -85,7 +94,7 @@ struct DeliveryOutcome {
 };
 
 struct DispatcherSettings {
-    std::string source; /* CloudEvents source */
+    WireSettings wire; /* ce-source, id prefix */
     int max_attempts = 12;
     BackoffPolicy backoff{1000, 300000};
     int64_t defer_delay_ms = 30000;

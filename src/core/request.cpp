@@ -42,38 +42,77 @@ bool named_by_endpoint(const std::string &line, const std::vector<std::string> &
     return false;
 }
 
+/* "name: " + the value percent-encoded (a ce-* header). */
+std::string ce_header(const char *name, const char *value, std::size_t len) {
+    std::string line(name);
+    line += ": ";
+    append_ce_encoded(line, value, len);
+    return line;
+}
+
+std::string ce_header(const char *name, const std::string &value) {
+    return ce_header(name, value.data(), value.size());
+}
+
 } // namespace
 
-bool build_request_headers(const MessageHead &m, const std::string &source,
+void append_ce_encoded(std::string &out, const char *value, std::size_t len) {
+    static const char hex[] = "0123456789ABCDEF";
+    for (std::size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(value[i]);
+        if (c <= 0x20 || c >= 0x7F || c == '"' || c == '%') {
+            out += '%';
+            out += hex[c >> 4];
+            out += hex[c & 0xF];
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+}
+
+bool build_request_headers(const MessageHead &m, const WireSettings &wire,
                            const std::vector<std::string> &endpoint_headers,
-                           const std::vector<std::string> &message_headers, const unsigned char *key,
-                           std::size_t keylen, int64_t now_unix_s, const char *body, std::size_t body_len,
+                           const std::vector<std::string> &message_headers, const SigningKey *keys, std::size_t nkeys,
+                           int64_t now_unix_s, const char *body, std::size_t body_len,
                            std::vector<std::string> &out) noexcept {
     try {
-        char id[24];
-        int idlen = std::snprintf(id, sizeof id, "%lld", static_cast<long long>(m.id));
+        std::string id = wire.id_prefix + std::to_string(static_cast<long long>(m.id));
         char when[kRfc3339Size];
         format_rfc3339(m.created_at_unix_us, when);
+        std::string subject = std::string(m.aggregate_type) + "/" + m.aggregate_id;
+        bool traced = m.traceparent != nullptr && m.traceparent[0] != '\0';
+        bool state = traced && m.tracestate != nullptr && m.tracestate[0] != '\0';
 
         out.emplace_back("Content-Type: application/json");
-        out.emplace_back(std::string("Idempotency-Key: ") + id);
+        out.emplace_back("Idempotency-Key: " + id);
         out.emplace_back("ce-specversion: 1.0");
-        out.emplace_back(std::string("ce-id: ") + id);
-        out.emplace_back("ce-source: " + source);
-        out.emplace_back(std::string("ce-type: ") + m.event_type);
-        out.emplace_back(std::string("ce-subject: ") + m.aggregate_type + "/" + m.aggregate_id);
+        out.push_back(ce_header("ce-id", id));
+        out.push_back(ce_header("ce-source", wire.source));
+        out.push_back(ce_header("ce-type", m.event_type, std::strlen(m.event_type)));
+        out.push_back(ce_header("ce-subject", subject));
         out.emplace_back(std::string("ce-time: ") + when);
+        if (traced) {
+            out.push_back(ce_header("ce-traceparent", m.traceparent, std::strlen(m.traceparent)));
+            if (state) out.push_back(ce_header("ce-tracestate", m.tracestate, std::strlen(m.tracestate)));
+            out.emplace_back(std::string("traceparent: ") + m.traceparent);
+            if (state) out.emplace_back(std::string("tracestate: ") + m.tracestate);
+        }
         out.emplace_back("X-Outbox-Attempt: " + std::to_string(m.attempts));
         for (const std::string &h : endpoint_headers) out.push_back(h);
         for (const std::string &h : message_headers)
             if (!named_by_endpoint(h, endpoint_headers)) out.push_back(h); /* the endpoint's wins */
-        if (keylen > 0) {
-            char sig[kSignatureSize];
-            if (!webhook_signature(key, keylen, id, static_cast<std::size_t>(idlen), now_unix_s, body, body_len, sig))
-                return false;
-            out.emplace_back(std::string("webhook-id: ") + id);
+        if (nkeys > 0) {
+            std::string sigs("webhook-signature: ");
+            for (std::size_t k = 0; k < nkeys; k++) {
+                char sig[kSignatureSize];
+                if (!webhook_signature(keys[k].key, keys[k].len, id.data(), id.size(), now_unix_s, body, body_len, sig))
+                    return false;
+                if (k > 0) sigs += ' ';
+                sigs += sig;
+            }
+            out.emplace_back("webhook-id: " + id);
             out.emplace_back("webhook-timestamp: " + std::to_string(now_unix_s));
-            out.emplace_back(std::string("webhook-signature: ") + sig);
+            out.push_back(std::move(sigs));
         }
         return true;
     } catch (...) {

@@ -187,6 +187,17 @@ const char *check_header_value(const char *value, std::size_t len) {
     return nullptr;
 }
 
+const char *check_id_prefix(const char *prefix, std::size_t len) noexcept {
+    if (len > kMaxIdPrefixBytes) return "is longer than 64 bytes";
+    for (std::size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(prefix[i]);
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+                  c == '.' || c == ':';
+        if (!ok) return "may contain only ASCII letters, digits, \"-\", \"_\", \".\" and \":\"";
+    }
+    return nullptr;
+}
+
 long base64_decode(const char *in, std::size_t len, unsigned char *out) {
     while (len > 0 && in[len - 1] == '=') len--;
     if (len % 4 == 1) return -1;

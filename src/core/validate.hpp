@@ -55,6 +55,16 @@ bool is_blank(const char *s, std::size_t len) noexcept;
  */
 const char *check_header_value(const char *value, std::size_t len);
 
+/* Longest outbox_dispatcher.message_id_prefix, in bytes. */
+constexpr std::size_t kMaxIdPrefixBytes = 64;
+
+/*
+ * outbox_dispatcher.message_id_prefix: empty, or at most kMaxIdPrefixBytes
+ * of ASCII letters, digits and '-', '_', '.', ':' (it goes into three
+ * headers and into the signed content, where nothing may need escaping).
+ */
+const char *check_id_prefix(const char *prefix, std::size_t len) noexcept;
+
 /* Largest decoded secret accepted, in bytes. */
 constexpr std::size_t kMaxSecretBytes = 256;
 /* Smallest decoded secret accepted, in bytes. */

@@ -18,6 +18,10 @@
 #     seconds, webhook-signature = v1,base64(HMAC-SHA256(base64decode(secret
 #     after "whsec_"), "id.timestamp.body")), recomputed for every attempt;
 #     an unsigned endpoint sends no webhook-* header at all;
+#   - ce-* values are percent-encoded (CloudEvents HTTP binding 3.1.3.2:
+#     non-ASCII, space, '"', '%'), and outbox_dispatcher.message_id_prefix
+#     goes before the id in Idempotency-Key, ce-id, webhook-id and the
+#     signed content; a prefix with a space is refused;
 #   - redirects are not followed: a 302 with a Location makes the message
 #     dead (nothing reaches the Location), and so do 300/301/303/307/308.
 #
@@ -195,6 +199,40 @@ my $id4 = $node->safe_psql('postgres',
 ok($sink->wait_requests(3, path => '/plain', timeout => 20), 'message after the reload delivered');
 my ($r4) = grep { (OdSink::header($_, 'Idempotency-Key') // '') eq $id4 } @{ $sink->requests('/plain') };
 is(OdSink::header($r4, 'ce-source'), 'urn:example:orders', 'ce-source follows outbox_dispatcher.source after reload');
+
+# ------------------------------------------------------------------ percent-encoded ce-* values, id prefix
+# CloudEvents HTTP binding 3.1.3.2: in ce-* values every byte outside
+# U+0021..U+007E, and space, '"' and '%', is sent as %XX of its UTF-8 bytes;
+# outbox_dispatcher.message_id_prefix goes before the id in every id header
+# and in the signed content.
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.message_id_prefix = 'db1:'});
+$node->reload;
+ok(poll_until($node, 'SHOW outbox_dispatcher.message_id_prefix', 'db1:', 10), 'message_id_prefix reloaded');
+ok(wait_workers_cycled($node), 'workers went through their loop after the reload');
+$sink->script({ path => '/signed', status => 200 });
+my $n_signed = scalar @{ $sink->requests('/signed') };
+my $id5 = $node->safe_psql('postgres', 'SELECT outbox.enqueue(' . join(', ',
+		sql_quote('ordre "x"'), sql_quote('é 100%'), sql_quote('commande.payée '),
+		sql_quote('{"k": 1}') . '::jsonb', sql_quote('signed')) . ')');
+ok($sink->wait_requests($n_signed + 1, path => '/signed', timeout => 20), 'the encoded message was delivered');
+my ($r5) = grep { (OdSink::header($_, 'webhook-id') // '') eq "db1:$id5" } @{ $sink->requests('/signed') };
+ok($r5, "webhook-id is db1:$id5");
+is(OdSink::header($r5, 'Idempotency-Key'), "db1:$id5", 'Idempotency-Key carries the prefix');
+is(OdSink::header($r5, 'ce-id'), "db1:$id5", 'ce-id carries the prefix');
+is(OdSink::header($r5, 'ce-type'), 'commande.pay%C3%A9e%20', 'ce-type: é and the trailing space percent-encoded');
+is(OdSink::header($r5, 'ce-subject'), 'ordre%20%22x%22/%C3%A9%20100%25', 'ce-subject: space, ", é and % percent-encoded');
+is(OdSink::header($r5, 'ce-source'), 'urn:example:orders', 'ce-source without such bytes is unchanged');
+{
+	my $ts = OdSink::header($r5, 'webhook-timestamp') // '';
+	is(OdSink::header($r5, 'webhook-signature'),
+		'v1,' . encode_base64(hmac_sha256("db1:$id5.$ts." . body_bytes($r5), $key), ''),
+		'the signature covers the prefixed id');
+}
+my ($bad) = $node->psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.message_id_prefix = 'db 1'});
+isnt($bad, 0, 'a prefix with a space is refused');
+$node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox_dispatcher.message_id_prefix});
+$node->reload;
+ok(poll_until($node, 'SHOW outbox_dispatcher.message_id_prefix', '', 10), 'message_id_prefix reset');
 
 # ------------------------------------------------------------------ redirects are not followed
 my $elsewhere = $sink->url('/elsewhere');

@@ -360,7 +360,7 @@ TEST(Dispatcher, ClassifiesOutcomes) {
     od::Dispatcher d;
     ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 42));
     od::DispatcherSettings s;
-    s.source = "/test";
+    s.wire.source = "/test";
     s.max_attempts = 3;
     d.set_settings(s);
     od::EndpointConfig ok;
@@ -742,7 +742,7 @@ TEST(LocalFailure, DispatcherRefundsOutOfDescriptors) {
         od::Dispatcher d;
         if (!d.init(od::HttpEngineOptions{}, 7)) return 10;
         od::DispatcherSettings s;
-        s.source = "/test";
+        s.wire.source = "/test";
         s.max_attempts = 1; // a charged failure at attempt 1 would be Dead
         s.backoff = od::BackoffPolicy{1000, 60000};
         d.set_settings(s);
@@ -825,7 +825,7 @@ TEST(Dispatcher, MaxTransfersCapsTransfersAcrossTheWorker) {
     od::Dispatcher d;
     ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 5));
     od::DispatcherSettings s;
-    s.source = "/test";
+    s.wire.source = "/test";
     s.max_transfers = 3;
     d.set_settings(s);
     od::EndpointConfig ep;

@@ -279,4 +279,18 @@ TEST(SigningSecret, StandardWebhooksFormat) {
     EXPECT_NE(secret("whsec_" + std::string(400, 'A')), nullptr);
 }
 
+TEST(IdPrefix, LettersDigitsAndFewPunctuation) {
+    auto check = [](const std::string &p) { return od::check_id_prefix(p.data(), p.size()); };
+    EXPECT_EQ(check(""), nullptr);
+    EXPECT_EQ(check("db1-"), nullptr);
+    EXPECT_EQ(check("eu.orders_2:"), nullptr);
+    EXPECT_EQ(check(std::string(64, 'a')), nullptr);
+    EXPECT_STREQ(check(std::string(65, 'a')), "is longer than 64 bytes");
+    EXPECT_NE(check("db 1"), nullptr);
+    EXPECT_NE(check("db/1"), nullptr);
+    EXPECT_NE(check("d\xc3\xa9"), nullptr);
+    EXPECT_NE(check("a%b"), nullptr);
+    EXPECT_NE(check(std::string("a\0b", 3)), nullptr);
+}
+
 } // namespace
