@@ -29,6 +29,8 @@
  *    outbox_dispatcher.attempt_log_retention; the view attempt_stats.
  *  - messages.dead_at, outbox.recover() and outbox.replay_window():
  *    recovery by time window.
+ *  - endpoints.previous_signing_secret, previous_secret_until and
+ *    outbox.rotate_secret(): secret rotation with a grace period.
  */
 
 \echo Use "ALTER EXTENSION outbox_dispatcher UPDATE TO '0.3.0'" to load this file. \quit
@@ -387,6 +389,29 @@ GRANT EXECUTE ON FUNCTION @extschema@.publish(text, text, text, jsonb, boolean, 
     @extschema@.subscribers(text, jsonb),
     @extschema@.recover(text, timestamptz, timestamptz),
     @extschema@.replay_window(text, timestamptz, timestamptz) TO outbox_admin;
+
+-- ---------------------------------------------------------------- secret rotation
+ALTER TABLE @extschema@.endpoints
+    ADD COLUMN previous_signing_secret text,
+    ADD COLUMN previous_secret_until   timestamptz;
+COMMENT ON COLUMN @extschema@.endpoints.previous_signing_secret IS
+    'The signing secret rotate_secret() replaced, still signed with until previous_secret_until; readable by outbox_admin only';
+COMMENT ON COLUMN @extschema@.endpoints.previous_secret_until IS
+    'When previous_signing_secret stops being sent (the end of the rotation''s grace period)';
+
+-- secret rotation: the replaced secret keeps signing (after the new one) for the grace period
+CREATE FUNCTION @extschema@.rotate_secret(endpoint text, new_secret text, grace interval DEFAULT interval '24 hours')
+    RETURNS timestamptz
+    AS 'MODULE_PATHNAME', 'od_rotate_secret_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.rotate_secret(text, text, interval) IS
+    'Make new_secret the endpoint''s signing secret; until the grace period ends deliveries carry a signature with the replaced one too; returns when that ends (null: no grace)';
+
+REVOKE ALL ON FUNCTION @extschema@.rotate_secret(text, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.rotate_secret(text, text, interval) TO outbox_admin;
+GRANT SELECT (previous_secret_until) ON @extschema@.endpoints TO outbox_monitor;
 
 -- ---------------------------------------------------------------- monitoring of fan-out and the attempt log
 CREATE OR REPLACE VIEW @extschema@.dead_letters AS

@@ -135,6 +135,8 @@ CREATE TABLE @extschema@.endpoints (
     breaker_cooldown  @extschema@.breaker_cooldown NOT NULL DEFAULT interval '30 seconds',
     disabled_reason   text,
     id                bigint      GENERATED ALWAYS AS IDENTITY,
+    previous_signing_secret text,
+    previous_secret_until   timestamptz,
     CONSTRAINT endpoints_id_key UNIQUE (id)
 );
 
@@ -156,6 +158,10 @@ COMMENT ON COLUMN @extschema@.endpoints.disabled_reason IS
     'Why the endpoint was disabled (410 Gone, pause_endpoint)';
 COMMENT ON COLUMN @extschema@.endpoints.id IS
     'Stable identity of the endpoint (kept across renames): the key of its shared state';
+COMMENT ON COLUMN @extschema@.endpoints.previous_signing_secret IS
+    'The signing secret rotate_secret() replaced, still signed with until previous_secret_until; readable by outbox_admin only';
+COMMENT ON COLUMN @extschema@.endpoints.previous_secret_until IS
+    'When previous_signing_secret stops being sent (the end of the rotation''s grace period)';
 
 -- The row checks that need code (URL, header names and values, secret
 -- format, timeout shorter than the lease; the domains above check the
@@ -604,6 +610,16 @@ COMMENT ON FUNCTION @extschema@.recover(text, timestamptz, timestamptz) IS
 COMMENT ON FUNCTION @extschema@.replay_window(text, timestamptz, timestamptz) IS
     'Done messages of the endpoint delivered in [since, until) are delivered again (back to pending, attempts reset); returns the count';
 
+-- secret rotation: the replaced secret keeps signing (after the new one) for the grace period
+CREATE FUNCTION @extschema@.rotate_secret(endpoint text, new_secret text, grace interval DEFAULT interval '24 hours')
+    RETURNS timestamptz
+    AS 'MODULE_PATHNAME', 'od_rotate_secret_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.rotate_secret(text, text, interval) IS
+    'Make new_secret the endpoint''s signing secret; until the grace period ends deliveries carry a signature with the replaced one too; returns when that ends (null: no grace)';
+
 -- ---------------------------------------------------------------- shared-memory state
 CREATE FUNCTION @extschema@._lost_leases()
     RETURNS bigint
@@ -891,7 +907,7 @@ GRANT SELECT ON @extschema@.queue_depth, @extschema@.health,
     TO outbox_monitor;
 GRANT SELECT (name, url, headers, timeout, max_in_flight, enabled, defer_statuses,
               created_at, updated_at, rate_limit, breaker_threshold, breaker_cooldown,
-              disabled_reason, id)
+              disabled_reason, id, previous_secret_until)
     ON @extschema@.endpoints TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION @extschema@._lost_leases(), @extschema@._worker_stats(),
     @extschema@._endpoint_health(), @extschema@._endpoints_unserved(),

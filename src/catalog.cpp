@@ -110,11 +110,21 @@ od_header_lines_text(Datum d)
     return buf.data;
 }
 
-/* The columns in the order od_read_endpoints reads them; conversions happen in C, not in SQL. */
-static const char *const SQL_ENDPOINTS =
-    "SELECT e.tableoid, e.id, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight,"
-    "       e.defer_statuses, e.rate_limit, e.breaker_threshold, e.breaker_cooldown"
-    "  FROM outbox.endpoints AS e WHERE e.enabled";
+/*
+ * The columns in the order od_read_endpoints reads them; conversions happen
+ * in C, not in SQL.  [1]: 0.3.0, with the secret a rotation replaced while
+ * its grace period lasts.
+ */
+#define SQL_ENDPOINTS_TEXT(rotation) \
+    "SELECT e.tableoid, e.id, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight," \
+    "       e.defer_statuses, e.rate_limit, e.breaker_threshold, e.breaker_cooldown" rotation \
+    "  FROM outbox.endpoints AS e WHERE e.enabled"
+
+static const char *const SQL_ENDPOINTS[2] = {
+    SQL_ENDPOINTS_TEXT(""),
+    SQL_ENDPOINTS_TEXT(", CASE WHEN e.previous_secret_until > now() THEN e.previous_signing_secret END,"
+                       " e.previous_secret_until")
+};
 
 int
 od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
@@ -123,9 +133,10 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
     int            nrows;
     int            rc;
 
+    bool           rotation = od_schema_has_fanout(schema);
+
     Assert(od_schema_served(schema));
-    (void) schema; /* both served schemas have these columns */
-    rc = SPI_execute(SQL_ENDPOINTS, true, 0);
+    rc = SPI_execute(SQL_ENDPOINTS[rotation ? 1 : 0], true, 0);
     if (rc != SPI_OK_SELECT)
         elog(ERROR, "outbox_dispatcher: loading endpoints failed: %s", SPI_result_code_string(rc));
     nrows = (int) SPI_processed;
@@ -170,6 +181,12 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
         r->rate_limit = isnull ? 0 : DatumGetFloat8(d);
         r->breaker_threshold = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
         r->breaker_cooldown_ms = od_interval_us(DatumGetIntervalP(SPI_getbinval(tup, desc, 12, &isnull))) / 1000;
+        if (rotation)
+        {
+            r->previous_secret = SPI_getvalue(tup, desc, 13);
+            d = SPI_getbinval(tup, desc, 14, &isnull);
+            r->previous_secret_until = isnull ? 0 : DatumGetTimestampTz(d);
+        }
         MemoryContextSwitchTo(old);
     }
     *out = rows;

@@ -52,7 +52,8 @@ extern bool              od_schema_records_commit_order(int schema);
 /*
  * Does the schema have fan-out and the attempt log (0.3.0):
  * outbox.subscriptions, outbox.attempts, messages.dead_at, and ordering
- * per aggregate per endpoint (messages_open covers the endpoint)?
+ * per aggregate per endpoint (messages_open covers the endpoint), and
+ * secret rotation (endpoints.previous_signing_secret)?
  */
 extern bool              od_schema_has_fanout(int schema);
 
@@ -78,6 +79,8 @@ typedef struct OdEndpointRow
     char  *url;
     char  *headers;    /* "Name: value\n..." lines */
     char  *secret;     /* NULL for unsigned */
+    char  *previous_secret;        /* the one rotate_secret() replaced, while its grace lasts; NULL: none */
+    TimestampTz previous_secret_until; /* when previous_secret stops signing */
     int64  timeout_ms; /* >= 1: a sub-millisecond timeout must not become curl's "none" */
     int    max_in_flight;
     int   *defer;

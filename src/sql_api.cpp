@@ -9,6 +9,7 @@
 #include "module.h"
 #include "guard.h"
 #include "transitions.h"
+#include "triggers.h"
 #include "wake.h"
 #include "outbox_dispatcher.h"
 
@@ -37,6 +38,7 @@ PG_FUNCTION_INFO_V1(od_move_messages_sql);
 PG_FUNCTION_INFO_V1(od_lost_leases_sql);
 PG_FUNCTION_INFO_V1(od_pause_endpoint_sql);
 PG_FUNCTION_INFO_V1(od_resume_endpoint_sql);
+PG_FUNCTION_INFO_V1(od_rotate_secret_sql);
 }
 
 static void
@@ -505,4 +507,65 @@ od_lost_leases_sql(PG_FUNCTION_ARGS)
     if (od_shared == nullptr)
         PG_RETURN_NULL();
     PG_RETURN_INT64((int64) pg_atomic_read_u64(&od_shared->lost_leases));
+}
+
+/*
+ * outbox.rotate_secret(endpoint, new_secret, grace): new_secret signs from
+ * now on; the replaced secret keeps signing too (after the new one, in the
+ * same webhook-signature header) until now() + grace, so that receivers can
+ * switch at any time within it.  One replaced secret is kept: rotating again
+ * within the grace period drops the oldest.  Returns when the replaced
+ * secret stops being sent (null: grace 0 or no secret before).  The workers
+ * reload the endpoint at commit (the endpoints_changed trigger).
+ */
+#define OD_MAX_ROTATION_GRACE_US ((int64) 30 * USECS_PER_DAY)
+
+extern "C" Datum
+od_rotate_secret_sql(PG_FUNCTION_ARGS)
+{
+    static SPIPlanPtr plan = nullptr;
+    static const Oid  types[3] = { TEXTOID, TEXTOID, INTERVALOID };
+    Datum             args[3];
+    int               level;
+    int64             grace_us;
+    int               rc;
+    bool              isnull;
+    TimestampTz       until;
+
+    od_require_arg(fcinfo, 0, "endpoint");
+    od_require_arg(fcinfo, 1, "new_secret");
+    od_check_secret_value(PG_GETARG_DATUM(1), "new_secret");
+    grace_us = positive_interval_arg(fcinfo, 2, "grace", true);
+    if (grace_us > OD_MAX_ROTATION_GRACE_US)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("grace must be at most 30 days"),
+                 errdetail("The value given is %s.",
+                           DatumGetCString(DirectFunctionCall1(interval_out, PG_GETARG_DATUM(2))))));
+    args[0] = PG_GETARG_DATUM(0);
+    args[1] = PG_GETARG_DATUM(1);
+    args[2] = PG_GETARG_DATUM(2);
+
+    level = od_spi_connect();
+    require_endpoint(args[0], nullptr);
+    od_prepare(&plan,
+               "UPDATE outbox.endpoints AS e"
+               "   SET previous_signing_secret = CASE WHEN $3 > interval '0' THEN e.signing_secret END,"
+               "       previous_secret_until = CASE WHEN $3 > interval '0' AND e.signing_secret IS NOT NULL"
+               "                                    THEN now() + $3 END,"
+               "       signing_secret = $2"
+               " WHERE e.name = $1 AND e.signing_secret IS DISTINCT FROM $2"
+               " RETURNING e.previous_secret_until",
+               3, types);
+    rc = SPI_execute_plan(plan, args, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE_RETURNING)
+        elog(ERROR, "outbox_dispatcher: rotating the secret failed: %s", SPI_result_code_string(rc));
+    if (SPI_processed == 0)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                 errmsg("new_secret is already the signing secret of endpoint \"%s\"", TextDatumGetCString(args[0]))));
+    until = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+    od_spi_finish(level);
+    if (isnull)
+        PG_RETURN_NULL();
+    PG_RETURN_TIMESTAMPTZ(until);
 }

@@ -120,6 +120,20 @@ reject_nulls(TriggerData *trig, HeapTuple tup)
     }
 }
 
+/* A signing secret (text): see od::check_signing_secret; the error names colname, never the value. */
+void
+od_check_secret_value(Datum d, const char *colname)
+{
+    text       *t = DatumGetTextPP(d);
+    const char *problem = od::check_signing_secret(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+
+    if (problem)
+        ereport(ERROR,
+                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s %s", colname, problem),
+                 errhint("Use a Standard Webhooks secret: \"whsec_\" followed by base64 of 16 to 256 random bytes (24 "
+                         "to 64 recommended).")));
+}
+
 /* A text value that will be sent as (part of) an HTTP header value. */
 void
 od_check_header_safe_value(Datum d, const char *colname, bool allow_empty)
@@ -487,19 +501,16 @@ endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
     if (!isnull)
         check_headers_object(DatumGetJsonbP(d), "endpoint headers");
 
-    /* signing_secret */
-    d = column(trig, tup, "signing_secret", &isnull);
-    if (!isnull)
-    {
-        text *t = DatumGetTextPP(d);
+    /* signing_secret, and (0.3.0) the one a rotation replaced */
+    static const char *const secret_columns[2] = { "signing_secret", "previous_signing_secret" };
 
-        problem = od::check_signing_secret(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
-        if (problem)
-            ereport(
-                ERROR,
-                (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("signing_secret %s", problem),
-                 errhint(
-                     "Use a Standard Webhooks secret: \"whsec_\" followed by base64 of 16 to 256 random bytes (24 to 64 recommended).")));
+    for (const char *colname : secret_columns)
+    {
+        if (SPI_fnumber(RelationGetDescr(trig->tg_relation), colname) <= 0)
+            continue; /* previous_signing_secret: not in a 0.2.2 schema */
+        d = column(trig, tup, colname, &isnull);
+        if (!isnull)
+            od_check_secret_value(d, colname);
     }
 
     /*

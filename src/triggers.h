@@ -22,4 +22,7 @@ extern void od_check_message_values(Datum aggregate_type, Datum aggregate_id, Da
  */
 extern void od_check_header_safe_value(Datum d, const char *colname, bool allow_empty);
 
+/* A Standard Webhooks signing secret (whsec_<base64>); the error names colname, never the value. */
+extern void od_check_secret_value(Datum d, const char *colname);
+
 #endif

@@ -49,6 +49,17 @@ load_endpoint(const OdEndpointRow *r) noexcept
             if (n > 0)
                 e.key.assign(key, key + n);
         }
+        if (r->secret && r->previous_secret)
+        {
+            unsigned char key[od::kMaxSecretBytes + 8];
+            long          n = od::decode_webhook_secret(r->previous_secret, strlen(r->previous_secret), key, sizeof(key));
+
+            if (n > 0)
+            {
+                e.previous_key.assign(key, key + n);
+                e.previous_key_until_unix_s = od_unix_seconds(r->previous_secret_until);
+            }
+        }
         e.timeout_ms = (long) r->timeout_ms;
         e.defer_statuses.assign(r->defer, r->defer + r->ndefer);
         W.disp->add_endpoint(e);

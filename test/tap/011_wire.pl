@@ -22,6 +22,8 @@
 #     non-ASCII, space, '"', '%'), and outbox_dispatcher.message_id_prefix
 #     goes before the id in Idempotency-Key, ce-id, webhook-id and the
 #     signed content; a prefix with a space is refused;
+#   - after rotate_secret(), webhook-signature is "v1,<new> v1,<old>" for
+#     the grace period, and only the new one with grace 0;
 #   - redirects are not followed: a 302 with a Location makes the message
 #     dead (nothing reaches the Location), and so do 300/301/303/307/308.
 #
@@ -233,6 +235,41 @@ isnt($bad, 0, 'a prefix with a space is refused');
 $node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox_dispatcher.message_id_prefix});
 $node->reload;
 ok(poll_until($node, 'SHOW outbox_dispatcher.message_id_prefix', '', 10), 'message_id_prefix reset');
+
+# ------------------------------------------------------------------ secret rotation
+# rotate_secret(): during the grace period one webhook-signature header
+# carries a signature per valid secret, the new one first; grace 0 drops
+# the old one at once.
+my $key2 = pack('C*', map { ($_ * 53 + 7) % 256 } 0 .. 31);
+my $secret2 = 'whsec_' . encode_base64($key2, '');
+my $key3 = pack('C*', map { ($_ * 91 + 3) % 256 } 0 .. 31);
+my $secret3 = 'whsec_' . encode_base64($key3, '');
+sub signed_once
+{
+	my ($what) = @_;
+	my $n = scalar @{ $sink->requests('/signed') };
+	my $id = $node->safe_psql('postgres',
+		"SELECT outbox.enqueue('invoice', 'rot', 'invoice.issued', '{\"r\": \"$what\"}', 'signed')");
+	ok($sink->wait_requests($n + 1, path => '/signed', timeout => 20), "$what: delivered");
+	my ($r) = grep { (OdSink::header($_, 'webhook-id') // '') eq $id } @{ $sink->requests('/signed') };
+	my $ts = OdSink::header($r, 'webhook-timestamp') // '';
+	my $sig = sub { 'v1,' . encode_base64(hmac_sha256("$id.$ts." . body_bytes($r), $_[0]), '') };
+	return (OdSink::header($r, 'webhook-signature') // '', $sig);
+}
+like($node->safe_psql('postgres', "SELECT outbox.rotate_secret('signed', '$secret2', '1 hour') - now()"),
+	qr/^01:00:00/, 'rotate_secret returns the end of the grace period');
+ok(wait_workers_cycled($node), 'workers went through their loop after the rotation');
+{
+	my ($header, $sig) = signed_once('rotation');
+	is($header, $sig->($key2) . ' ' . $sig->($key), 'during the grace period: new signature, space, old signature');
+}
+$node->safe_psql('postgres', "SELECT outbox.rotate_secret('signed', '$secret3', '0 seconds')");
+ok(wait_workers_cycled($node), 'workers went through their loop after the second rotation');
+{
+	my ($header, $sig) = signed_once('no grace');
+	is($header, $sig->($key3), 'grace 0: only the new secret signs');
+}
+$node->safe_psql('postgres', "UPDATE outbox.endpoints SET signing_secret = '$secret' WHERE name = 'signed'");
 
 # ------------------------------------------------------------------ redirects are not followed
 my $elsewhere = $sink->url('/elsewhere');

@@ -890,12 +890,18 @@ sub run_sql_api
 				  . " FROM pg_catalog.unnest(outbox.publish('fan', 'out', '$ev', '{}')) AS d;",
 				"SELECT outbox.recover('default', now(), now());",
 				"SELECT outbox.replay_window('default', now(), now());",
-				"DELETE FROM outbox.subscriptions WHERE endpoint = 'default' RETURNING enabled;")),
-		"t\n1\n1\n0\n0\nt", "$label: subscriptions, subscribers, publish, recover, replay_window");
+				"DELETE FROM outbox.subscriptions WHERE endpoint = 'default' RETURNING enabled;",
+				"UPDATE outbox.endpoints SET signing_secret = NULL WHERE name OPERATOR(pg_catalog.=) 'spare' RETURNING enabled;",
+				"SELECT outbox.rotate_secret('spare', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw') IS NULL;",
+				"SELECT outbox.rotate_secret('spare', 'whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldY', '1 minute') IS NOT NULL;",
+				"UPDATE outbox.endpoints SET signing_secret = NULL, previous_signing_secret = NULL,"
+				  . " previous_secret_until = NULL WHERE name OPERATOR(pg_catalog.=) 'spare' RETURNING enabled;")),
+		"t\n1\n1\n0\n0\nt\nt\nt\nt\nt",
+		"$label: subscriptions, subscribers, publish, recover, replay_window, rotate_secret");
 	like($run->('SELECT outbox.metrics()'), qr/^outbox_messages\{status="done"\} \d+$/m, "$label: metrics()");
 	$CALLED{$_} = 1 for qw(enqueue claim mark_done reschedule mark_dead retry retry_dead skip replay
 	  move_messages pause_endpoint resume_endpoint wake _prom_label _lost_leases metrics purge
-	  publish subscribers recover replay_window);
+	  publish subscribers recover replay_window rotate_secret);
 	# every function without arguments (_worker_stats, _endpoint_health, and any added later)
 	for my $f (split /\n/, sq(q{SELECT p.proname FROM pg_proc p
 	                             WHERE p.pronamespace = 'outbox'::regnamespace AND p.pronargs = 0
