@@ -44,6 +44,8 @@ int                            od_max_defer_age_s = 86400;
 int                            od_retention_s = 7 * 86400;
 char                          *od_source = nullptr;
 char                          *od_message_id_prefix = nullptr;
+char                          *od_traceparent = nullptr;
+char                          *od_tracestate = nullptr;
 int                            od_max_payload_bytes = 1024 * 1024;
 int                            od_max_header_bytes = 16384;
 int                            od_max_headers = 64;
@@ -144,6 +146,37 @@ od_check_source(char **newval, void **extra, GucSource source)
     return true;
 }
 
+/* outbox_dispatcher.traceparent and .tracestate: W3C Trace Context, see od::check_traceparent. */
+static bool
+od_check_trace_guc(char **newval, const char *name, const char *(*check)(const char *, std::size_t) noexcept)
+{
+    const char *problem;
+
+    if (*newval == nullptr || (*newval)[0] == '\0')
+        return true;
+    problem = check(*newval, strlen(*newval));
+    if (problem)
+    {
+        GUC_check_errmsg("%s %s", name, problem);
+        GUC_check_errdetail("It is stored with every message enqueued while it is set and sent as the %s header.",
+                            strchr(name, '.') + 1);
+        return false;
+    }
+    return true;
+}
+
+static bool
+od_check_traceparent(char **newval, void **extra, GucSource source)
+{
+    return od_check_trace_guc(newval, "outbox_dispatcher.traceparent", od::check_traceparent);
+}
+
+static bool
+od_check_tracestate(char **newval, void **extra, GucSource source)
+{
+    return od_check_trace_guc(newval, "outbox_dispatcher.tracestate", od::check_tracestate);
+}
+
 /* outbox_dispatcher.message_id_prefix: see od::check_id_prefix. */
 static bool
 od_check_message_id_prefix(char **newval, void **extra, GucSource source)
@@ -221,6 +254,14 @@ od_define_gucs(void)
                                "Sent before the message id in Idempotency-Key, ce-id and webhook-id (empty: the bare id).",
                                "Makes ids unique across databases that feed one receiver.", &od_message_id_prefix, "",
                                PGC_SIGHUP, 0, od_check_message_id_prefix, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.traceparent",
+                               "W3C traceparent stored with the messages enqueued while it is set (SET LOCAL per transaction).",
+                               "Sent as the traceparent header and the CloudEvents traceparent attribute of every attempt.",
+                               &od_traceparent, "", PGC_USERSET, GUC_NOT_IN_SAMPLE, od_check_traceparent, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.tracestate",
+                               "W3C tracestate stored with the messages enqueued while it and outbox_dispatcher.traceparent are set.",
+                               NULL, &od_tracestate, "", PGC_USERSET, GUC_NOT_IN_SAMPLE, od_check_tracestate, NULL,
+                               NULL);
     DefineCustomIntVariable("outbox_dispatcher.max_payload_bytes",
                             "Largest payload accepted, measured as the JSON text sent.", NULL, &od_max_payload_bytes,
                             1024 * 1024, 1, 1024 * 1024 * 1024, PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);

@@ -23,6 +23,8 @@ extern int   od_max_defer_age_s;
 extern int   od_retention_s;
 extern char *od_source;
 extern char *od_message_id_prefix;
+extern char *od_traceparent; /* set per transaction by producers: captured at enqueue */
+extern char *od_tracestate;
 extern int   od_max_payload_bytes;
 extern int   od_max_header_bytes;
 extern int   od_max_headers;

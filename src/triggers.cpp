@@ -29,6 +29,7 @@ extern "C" {
 #include "utils/guc.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
+#include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/rel.h"
 #include "utils/xid8.h"
@@ -213,6 +214,11 @@ check_headers_object(Jsonb *jb, const char *what)
                         (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must be a JSON object of strings", what),
                          errdetail("The value of header \"%s\" is not a string.", name)));
             problem = od::check_header_value(v.val.string.val, v.val.string.len);
+            /* trace context: the W3C formats (also sent as CloudEvents attributes) */
+            if (!problem && pg_strcasecmp(name, "traceparent") == 0)
+                problem = od::check_traceparent(v.val.string.val, v.val.string.len);
+            else if (!problem && pg_strcasecmp(name, "tracestate") == 0)
+                problem = od::check_tracestate(v.val.string.val, v.val.string.len);
             if (problem)
                 ereport(ERROR,
                         (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -230,6 +236,63 @@ check_headers_object(Jsonb *jb, const char *what)
 }
 
 /* ---------------------------------------------------------------- messages */
+
+/* Does the headers object have a key `name` in any letter case? */
+static bool
+has_header(Jsonb *jb, const char *name)
+{
+    JsonbIterator     *it;
+    JsonbValue         v;
+    JsonbIteratorToken tok;
+    size_t             len = strlen(name);
+    bool               found = false;
+
+    if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
+        return false; /* check_headers_object reports it */
+    it = JsonbIteratorInit(&jb->root);
+    while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+        if (tok == WJB_KEY && (size_t) v.val.string.len == len && pg_strncasecmp(v.val.string.val, name, len) == 0)
+            found = true;
+    return found;
+}
+
+/*
+ * The transaction's trace context (outbox_dispatcher.traceparent, and
+ * .tracestate with it), set by the producer, goes into a new message's
+ * headers unless the message brings a traceparent of its own.  Both were
+ * validated when they were set; the headers are checked after this, with
+ * their limits.
+ */
+static HeapTuple
+capture_trace_context(TriggerData *trig, HeapTuple tup)
+{
+    TupleDesc      desc = RelationGetDescr(trig->tg_relation);
+    int            attno = SPI_fnumber(desc, "headers");
+    bool           isnull;
+    Datum          headers;
+    StringInfoData buf;
+    Datum          add;
+    bool           nnull = false;
+
+    if (od_traceparent == nullptr || od_traceparent[0] == '\0' || attno <= 0)
+        return tup;
+    headers = heap_getattr(tup, attno, desc, &isnull);
+    if (!isnull && has_header(DatumGetJsonbP(headers), "traceparent"))
+        return tup;
+    initStringInfo(&buf);
+    appendStringInfoString(&buf, "{\"traceparent\": ");
+    escape_json(&buf, od_traceparent);
+    if (od_tracestate && od_tracestate[0] != '\0' && (isnull || !has_header(DatumGetJsonbP(headers), "tracestate")))
+    {
+        appendStringInfoString(&buf, ", \"tracestate\": ");
+        escape_json(&buf, od_tracestate);
+    }
+    appendStringInfoChar(&buf, '}');
+    add = DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data));
+    if (!isnull)
+        add = DirectFunctionCall2(jsonb_concat, headers, add);
+    return heap_modify_tuple_by_cols(tup, desc, 1, &attno, &add, &nnull);
+}
 
 /*
  * An ordered message's ordered_after (0.3.0; absent before), unless the row
@@ -337,6 +400,8 @@ od_message_check(PG_FUNCTION_ARGS)
     check_header_safe_text(trig, tup, "aggregate_id", false);
     check_header_safe_text(trig, tup, "event_type", false);
 
+    if (TRIGGER_FIRED_BY_INSERT(trig->tg_event))
+        tup = capture_trace_context(trig, tup);
     d = column(trig, tup, "headers", &isnull);
     if (!isnull)
         check_headers_object(DatumGetJsonbP(d), "message headers");

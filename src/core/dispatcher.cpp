@@ -149,9 +149,7 @@ void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
                          m.event_type.c_str(),
                          m.aggregate_type.c_str(),
                          m.aggregate_id.c_str(),
-                         m.created_at_unix_us,
-                         m.traceparent.c_str(),
-                         m.tracestate.c_str()};
+                         m.created_at_unix_us};
         SigningKey keys[2];
         std::size_t nkeys = 0;
         if (!ep.cfg.key.empty()) {

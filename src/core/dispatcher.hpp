@@ -61,8 +61,6 @@ struct ClaimedMessage {
     std::string aggregate_id;
     std::string body;                      /* payload JSON text, sent as is */
     std::vector<std::string> header_lines; /* the message's extra headers */
-    std::string traceparent;               /* W3C trace context; empty = none */
-    std::string tracestate;
     int64_t created_at_unix_us = 0;
     int endpoint_tag = -1; /* caller's tag, copied to the outcome */
 };

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 
 #include "core/signing.hpp"
 
@@ -33,6 +34,15 @@ bool same_name(const std::string &a, const std::string &b) noexcept {
     if (name_length(b) != n) return false;
     for (std::size_t i = 0; i < n; i++)
         if (lower(a[i]) != lower(b[i])) return false;
+    return true;
+}
+
+/* Is the line's header name `name` (lower-case), in any letter case? */
+bool has_name(const std::string &line, const char *name) noexcept {
+    std::size_t n = name_length(line);
+    if (std::strlen(name) != n) return false;
+    for (std::size_t i = 0; i < n; i++)
+        if (lower(line[i]) != name[i]) return false;
     return true;
 }
 
@@ -80,8 +90,6 @@ bool build_request_headers(const MessageHead &m, const WireSettings &wire,
         char when[kRfc3339Size];
         format_rfc3339(m.created_at_unix_us, when);
         std::string subject = std::string(m.aggregate_type) + "/" + m.aggregate_id;
-        bool traced = m.traceparent != nullptr && m.traceparent[0] != '\0';
-        bool state = traced && m.tracestate != nullptr && m.tracestate[0] != '\0';
 
         out.emplace_back("Content-Type: application/json");
         out.emplace_back("Idempotency-Key: " + id);
@@ -91,11 +99,15 @@ bool build_request_headers(const MessageHead &m, const WireSettings &wire,
         out.push_back(ce_header("ce-type", m.event_type, std::strlen(m.event_type)));
         out.push_back(ce_header("ce-subject", subject));
         out.emplace_back(std::string("ce-time: ") + when);
-        if (traced) {
-            out.push_back(ce_header("ce-traceparent", m.traceparent, std::strlen(m.traceparent)));
-            if (state) out.push_back(ce_header("ce-tracestate", m.tracestate, std::strlen(m.tracestate)));
-            out.emplace_back(std::string("traceparent: ") + m.traceparent);
-            if (state) out.emplace_back(std::string("tracestate: ") + m.tracestate);
+        /* trace context (sent as the message's own headers below): the CloudEvents extension attributes too */
+        for (const char *name : {"traceparent", "tracestate"}) {
+            for (const std::string &h : message_headers) {
+                if (!has_name(h, name) || named_by_endpoint(h, endpoint_headers)) continue;
+                std::size_t v = name_length(h) + 1;
+                while (v < h.size() && (h[v] == ' ' || h[v] == '\t')) v++;
+                out.push_back(ce_header((std::string("ce-") + name).c_str(), h.data() + v, h.size() - v));
+                break;
+            }
         }
         out.emplace_back("X-Outbox-Attempt: " + std::to_string(m.attempts));
         for (const std::string &h : endpoint_headers) out.push_back(h);

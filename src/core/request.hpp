@@ -7,7 +7,8 @@
  *   Idempotency-Key: <prefix><id>
  *   ce-specversion: 1.0, ce-id, ce-source, ce-type, ce-subject, ce-time
  *     (values percent-encoded as the CloudEvents HTTP binding requires)
- *   traceparent, tracestate, ce-traceparent, ce-tracestate (when captured)
+ *   ce-traceparent, ce-tracestate (the CloudEvents distributed-tracing
+ *     extension) when the message has a traceparent (tracestate) header
  *   X-Outbox-Attempt: <attempts>
  *   the endpoint's headers, then the message's headers (a message header
  *   with the name of one of the endpoint's, in any letter case, is dropped)
@@ -34,8 +35,6 @@ struct MessageHead {
     const char *aggregate_type;
     const char *aggregate_id;
     int64_t created_at_unix_us;
-    const char *traceparent = nullptr; /* W3C trace context captured at enqueue; nullptr or "" = none */
-    const char *tracestate = nullptr;
 };
 
 /* What every request of a worker shares. */

@@ -198,6 +198,77 @@ const char *check_id_prefix(const char *prefix, std::size_t len) noexcept {
     return nullptr;
 }
 
+namespace {
+
+bool lower_hex(const char *p, std::size_t n, bool *all_zero) noexcept {
+    bool zero = true;
+    for (std::size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+        if (c != '0') zero = false;
+    }
+    if (all_zero) *all_zero = zero;
+    return true;
+}
+
+bool key_char(char c) noexcept {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '*' || c == '/' || c == '@';
+}
+
+} // namespace
+
+const char *check_traceparent(const char *v, std::size_t len) noexcept {
+    static const char *const shape =
+        "must be a W3C traceparent: \"00-\" + 32 lower-case hex digits + \"-\" + 16 + \"-\" + 2";
+    bool zero = false;
+    if (len > 512) return "is longer than 512 bytes";
+    if (len < 55 || v[2] != '-' || v[35] != '-' || v[52] != '-') return shape;
+    if (!lower_hex(v, 2, nullptr) || !lower_hex(v + 53, 2, nullptr)) return shape;
+    if (v[0] == 'f' && v[1] == 'f') return "has the invalid version ff";
+    if (!lower_hex(v + 3, 32, &zero)) return shape;
+    if (zero) return "has an all-zero trace-id";
+    if (!lower_hex(v + 36, 16, &zero)) return shape;
+    if (zero) return "has an all-zero parent-id";
+    if (v[0] == '0' && v[1] == '0') {
+        if (len != 55) return shape;
+    } else if (len > 55 && v[55] != '-') {
+        return shape;
+    }
+    for (std::size_t i = 55; i < len; i++)
+        if (static_cast<unsigned char>(v[i]) < 0x21 || static_cast<unsigned char>(v[i]) > 0x7e) return shape;
+    return nullptr;
+}
+
+const char *check_tracestate(const char *v, std::size_t len) noexcept {
+    static const char *const member = "must be a W3C tracestate: comma-separated key=value members";
+    if (len > 512) return "is longer than 512 bytes";
+    int members = 0;
+    std::size_t i = 0;
+    while (i <= len) {
+        std::size_t end = i;
+        while (end < len && v[end] != ',') end++;
+        std::size_t a = i, b = end;
+        while (a < b && (v[a] == ' ' || v[a] == '\t')) a++;
+        while (b > a && (v[b - 1] == ' ' || v[b - 1] == '\t')) b--;
+        if (a < b) {
+            if (++members > 32) return "has more than 32 members";
+            std::size_t eq = a;
+            while (eq < b && v[eq] != '=') eq++;
+            if (eq == b || eq == a || eq - a > 256) return member;
+            if (!((v[a] >= 'a' && v[a] <= 'z') || (v[a] >= '0' && v[a] <= '9'))) return member;
+            for (std::size_t k = a; k < eq; k++)
+                if (!key_char(v[k])) return member;
+            if (b - eq - 1 < 1 || b - eq - 1 > 256) return member;
+            for (std::size_t k = eq + 1; k < b; k++) {
+                unsigned char c = static_cast<unsigned char>(v[k]);
+                if (c < 0x20 || c > 0x7e || c == ',' || c == '=') return member;
+            }
+        }
+        i = end + 1;
+    }
+    return nullptr;
+}
+
 long base64_decode(const char *in, std::size_t len, unsigned char *out) {
     while (len > 0 && in[len - 1] == '=') len--;
     if (len % 4 == 1) return -1;

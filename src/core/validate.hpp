@@ -65,6 +65,23 @@ constexpr std::size_t kMaxIdPrefixBytes = 64;
  */
 const char *check_id_prefix(const char *prefix, std::size_t len) noexcept;
 
+/*
+ * W3C Trace Context (level 1) header values, as captured at enqueue
+ * (outbox_dispatcher.traceparent / .tracestate, or the message's own
+ * traceparent / tracestate headers):
+ *   traceparent: version "00": exactly "00-<32 hex>-<16 hex>-<2 hex>",
+ *     lower-case hex, trace-id and parent-id not all zeros; a later version
+ *     (not "ff") may append "-..." after those 55 bytes (at most 512 bytes).
+ *   tracestate: at most 512 bytes and 32 list members "key=value" separated
+ *     by commas (optional spaces or tabs around each member, empty members
+ *     ignored); key: a lower-case letter or digit then up to 255 of
+ *     a-z 0-9 _ - * / @; value: 1 to 256 printable ASCII bytes other than
+ *     ',' and '=', not ending in a space.
+ * nullptr when valid, else the problem ("must ...").
+ */
+const char *check_traceparent(const char *value, std::size_t len) noexcept;
+const char *check_tracestate(const char *value, std::size_t len) noexcept;
+
 /* Largest decoded secret accepted, in bytes. */
 constexpr std::size_t kMaxSecretBytes = 256;
 /* Smallest decoded secret accepted, in bytes. */

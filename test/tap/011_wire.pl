@@ -24,6 +24,9 @@
 #     signed content; a prefix with a space is refused;
 #   - after rotate_secret(), webhook-signature is "v1,<new> v1,<old>" for
 #     the grace period, and only the new one with grace 0;
+#   - a traceparent/tracestate set with SET LOCAL in the producer's
+#     transaction is sent as traceparent/tracestate and ce-traceparent/
+#     ce-tracestate, and not for the next transaction's messages;
 #   - redirects are not followed: a 302 with a Location makes the message
 #     dead (nothing reaches the Location), and so do 300/301/303/307/308.
 #
@@ -270,6 +273,35 @@ ok(wait_workers_cycled($node), 'workers went through their loop after the second
 	is($header, $sig->($key3), 'grace 0: only the new secret signs');
 }
 $node->safe_psql('postgres', "UPDATE outbox.endpoints SET signing_secret = '$secret' WHERE name = 'signed'");
+
+# ------------------------------------------------------------------ trace context
+# SET LOCAL outbox_dispatcher.traceparent/.tracestate in the producer's
+# transaction: stored with the message, sent on every attempt as
+# traceparent/tracestate and as the CloudEvents attributes ce-traceparent/
+# ce-tracestate (percent-encoded like every ce-* value).
+{
+	my $tp = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+	my $n = scalar @{ $sink->requests('/plain') };
+	my $tid = $node->safe_psql('postgres', qq{
+BEGIN;
+SET LOCAL outbox_dispatcher.traceparent = '$tp';
+SET LOCAL outbox_dispatcher.tracestate = 'congo=t61rcWkgMzE, rojo=00f0';
+SELECT outbox.enqueue('order', 'traced', 'order.created', '{}', 'plain');
+COMMIT;});
+	ok($sink->wait_requests($n + 1, path => '/plain', timeout => 20), 'traced message delivered');
+	my ($r) = grep { (OdSink::header($_, 'Idempotency-Key') // '') eq $tid } @{ $sink->requests('/plain') };
+	is(OdSink::header($r, 'traceparent'), $tp, 'traceparent header sent');
+	is(OdSink::header($r, 'tracestate'), 'congo=t61rcWkgMzE, rojo=00f0', 'tracestate header sent');
+	is(OdSink::header($r, 'ce-traceparent'), $tp, 'ce-traceparent (CloudEvents distributed tracing)');
+	is(OdSink::header($r, 'ce-tracestate'), 'congo=t61rcWkgMzE,%20rojo=00f0', 'ce-tracestate, percent-encoded');
+	my $untraced = $node->safe_psql('postgres',
+		q{SELECT outbox.enqueue('order', 'untraced', 'order.created', '{}', 'plain')});
+	ok($sink->wait_requests($n + 2, path => '/plain', timeout => 20), 'next message delivered');
+	my ($u) = grep { (OdSink::header($_, 'Idempotency-Key') // '') eq $untraced } @{ $sink->requests('/plain') };
+	ok($u, 'the untraced request was received');
+	ok(!defined OdSink::header($u, 'traceparent') && !defined OdSink::header($u, 'ce-traceparent'),
+		'SET LOCAL ended with the transaction: the next message carries no trace context');
+}
 
 # ------------------------------------------------------------------ redirects are not followed
 my $elsewhere = $sink->url('/elsewhere');

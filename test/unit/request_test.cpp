@@ -144,29 +144,38 @@ TEST(RequestHeaders, OneSignaturePerKeyNewestFirst) {
     EXPECT_EQ(out[11], std::string("webhook-signature: ") + a + " " + b);
 }
 
-TEST(RequestHeaders, TraceContextHeaders) {
-    od::MessageHead m = head();
-    m.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    m.tracestate = "congo=t61rcWkgMzE";
+TEST(RequestHeaders, TraceContextAlsoAsCloudEventsExtension) {
+    const std::string tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     std::vector<std::string> out;
-    ASSERT_TRUE(od::build_request_headers(m, wire("/s"), {}, {}, nullptr, 0, 1795980500, "{}", 2, out));
+    ASSERT_TRUE(od::build_request_headers(head(), wire("/s"), {}, {"X-A: 1", "Traceparent: " + tp, "tracestate: congo=t61rcWkgMzE, rojo=00f0"},
+                                          nullptr, 0, 1795980500, "{}", 2, out));
     std::vector<std::string> want = {
-        "ce-traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        "ce-tracestate: congo=t61rcWkgMzE",
-        "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        "tracestate: congo=t61rcWkgMzE",
+        "Content-Type: application/json",
+        "Idempotency-Key: 42",
+        "ce-specversion: 1.0",
+        "ce-id: 42",
+        "ce-source: /s",
+        "ce-type: OrderPaid",
+        "ce-subject: order/A-17",
+        "ce-time: 2026-11-29T19:27:07.801584Z",
+        "ce-traceparent: " + tp,
+        "ce-tracestate: congo=t61rcWkgMzE,%20rojo=00f0",
+        "X-Outbox-Attempt: 3",
+        "X-A: 1",
+        "Traceparent: " + tp,
+        "tracestate: congo=t61rcWkgMzE, rojo=00f0",
     };
-    ASSERT_GE(out.size(), 12u);
-    EXPECT_EQ(std::vector<std::string>(out.begin() + 8, out.begin() + 12), want);
-    // without a tracestate only the traceparent headers
-    m.tracestate = "";
+    EXPECT_EQ(out, want);
+    // a header of the endpoint's wins, and is no trace context of the message
     out.clear();
-    ASSERT_TRUE(od::build_request_headers(m, wire("/s"), {}, {}, nullptr, 0, 1795980500, "{}", 2, out));
+    ASSERT_TRUE(od::build_request_headers(head(), wire("/s"), {"traceparent: " + tp}, {"traceparent: 00-x"}, nullptr, 0,
+                                          1795980500, "{}", 2, out));
+    for (const std::string &h : out) EXPECT_NE(h.rfind("ce-trace", 0), 0u) << h;
+    // a longer or shorter name is another header
+    out.clear();
+    ASSERT_TRUE(od::build_request_headers(head(), wire("/s"), {}, {"traceparents: a", "tracestat: b"}, nullptr, 0,
+                                          1795980500, "{}", 2, out));
     EXPECT_EQ(out.size(), 11u);
-    // none at all without a traceparent
-    out.clear();
-    ASSERT_TRUE(od::build_request_headers(head(), wire("/s"), {}, {}, nullptr, 0, 1795980500, "{}", 2, out));
-    EXPECT_EQ(out.size(), 9u);
 }
 
 } // namespace

@@ -293,4 +293,43 @@ TEST(IdPrefix, LettersDigitsAndFewPunctuation) {
     EXPECT_NE(check(std::string("a\0b", 3)), nullptr);
 }
 
+TEST(TraceContext, Traceparent) {
+    auto tp = [](const std::string &v) { return od::check_traceparent(v.data(), v.size()); };
+    const std::string good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    EXPECT_EQ(tp(good), nullptr);
+    EXPECT_EQ(tp("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"), nullptr);
+    EXPECT_NE(tp(""), nullptr);
+    EXPECT_NE(tp(good + "-x"), nullptr);                                       // version 00 is exactly 55 bytes
+    EXPECT_EQ(tp("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"), nullptr); // later versions may extend
+    EXPECT_NE(tp("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01extra"), nullptr);
+    EXPECT_STREQ(tp("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), "has the invalid version ff");
+    EXPECT_NE(tp("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"), nullptr); // upper case
+    EXPECT_STREQ(tp("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), "has an all-zero trace-id");
+    EXPECT_STREQ(tp("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"), "has an all-zero parent-id");
+    EXPECT_NE(tp("00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01"), nullptr);
+    EXPECT_NE(tp("00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01"), nullptr);
+    EXPECT_NE(tp(std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\n")), nullptr);
+    EXPECT_STREQ(tp("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-" + std::string(500, 'a')),
+                 "is longer than 512 bytes");
+}
+
+TEST(TraceContext, Tracestate) {
+    auto ts = [](const std::string &v) { return od::check_tracestate(v.data(), v.size()); };
+    EXPECT_EQ(ts("congo=t61rcWkgMzE"), nullptr);
+    EXPECT_EQ(ts("rojo=00f067aa0ba902b7, congo=t61rcWkgMzE"), nullptr);
+    EXPECT_EQ(ts("tenant@vendor=x y,,  a=b\t"), nullptr); // spaces inside a value, empty members
+    EXPECT_EQ(ts(""), nullptr);
+    EXPECT_NE(ts("Congo=x"), nullptr);  // keys are lower case
+    EXPECT_NE(ts("congo"), nullptr);    // no value
+    EXPECT_NE(ts("congo="), nullptr);   // empty value
+    EXPECT_NE(ts("=x"), nullptr);       // empty key
+    EXPECT_NE(ts("a=b=c"), nullptr);    // '=' in a value
+    EXPECT_NE(ts("a=\xc3\xa9"), nullptr); // non-ASCII
+    EXPECT_NE(ts("a=b\nc=d"), nullptr);
+    std::string many;
+    for (int i = 0; i < 33; i++) many += (i ? "," : "") + std::string("k") + std::to_string(i) + "=v";
+    EXPECT_STREQ(ts(many), "has more than 32 members");
+    EXPECT_STREQ(ts("a=" + std::string(511, 'x')), "is longer than 512 bytes");
+}
+
 } // namespace
