@@ -22,7 +22,8 @@ PKGS=(g++ make pkg-config git ca-certificates procps
       postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-client-$PG_MAJOR
       libcurl4-openssl-dev libssl-dev libgtest-dev googletest
       libipc-run-perl perl
-      python3 curl bc)
+      python3 curl bc
+      prometheus-postgres-exporter)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
@@ -32,6 +33,12 @@ for p in "${PKGS[@]}"; do
 done
 # the benchmark's and demo's HTTP endpoint: nginx-light where the release still has it
 installed nginx-light || installed nginx || missing+=(nginx-light)
+# promtool (the monitoring layer, 064_exporter.pl): its own package from trixie on
+# (83-93 MiB installed); bookworm has it only in prometheus (94 MiB, and 222 MiB of
+# web-UI JavaScript it depends on).  The prometheus and exporter services do not
+# start where policy-rc.d forbids it (containers, test/pgversions.sh's root file
+# systems); elsewhere they start on :9090 and :9187.  064_exporter.pl runs its own.
+installed promtool || installed prometheus || missing+=(promtool)
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
@@ -44,5 +51,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     if [[ " ${missing[*]} " == *" nginx-light "* ]] && ! apt-cache show nginx-light >/dev/null 2>&1; then
         missing=("${missing[@]/nginx-light/nginx}")
     fi
+    if [[ " ${missing[*]} " == *" promtool "* ]] && ! apt-cache show promtool >/dev/null 2>&1; then
+        missing=("${missing[@]/promtool/prometheus}")
+    fi
     apt-get "${APT_OPTS[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+

@@ -5,6 +5,7 @@
 #   regress    pg_regress: test/regress/sql/*.sql against test/regress/expected/*.out (SQL API, errors)
 #   isolation  isolationtester specs in test/isolation (races, SKIP LOCKED, fencing)
 #   tap        PostgreSQL::Test::Cluster scripts in test/tap (dump/restore, workers)
+#   monitoring promtool: docs/monitoring alert rules and their unit tests (test/monitoring)
 #
 # Run as root (CI, fresh machine): installs Debian packages, builds and
 # installs the extension, then re-runs itself as the postgres user on a copy
@@ -12,7 +13,8 @@
 # extension to be installed already and only runs the tests.
 #
 # Environment: OD_TEST_PORT (default 54329) for the throwaway cluster used by
-# pg_regress and isolation; OD_TEST_LAYERS (default "unit regress isolation tap");
+# pg_regress and isolation; OD_TEST_LAYERS (default "unit regress isolation tap
+# monitoring");
 # PG_MAJOR (default: the Debian release's; the matching server and
 # pg_config are used; other majors run in a root file system, see
 # test/pgversions.sh).
@@ -51,7 +53,7 @@ PG_CONFIG=${PG_CONFIG:-$(pick_pg_config)}
 PGBIN=$("$PG_CONFIG" --bindir)
 export PATH="$PGBIN:$PATH"
 PORT=${OD_TEST_PORT:-54329}
-LAYERS=${OD_TEST_LAYERS:-unit regress isolation tap}
+LAYERS=${OD_TEST_LAYERS:-unit regress isolation tap monitoring}
 PGXS_DIR=$(cd "$(dirname "$("$PG_CONFIG" --pgxs)")/../.." && pwd)
 echo "== PostgreSQL $("$PG_CONFIG" --version | sed 's/^PostgreSQL //') ($PG_CONFIG)"
 PG_REGRESS_BIN="$PGXS_DIR/src/test/regress/pg_regress"
@@ -153,6 +155,78 @@ if has_layer tap; then
         p=$((p + tp)); f=$((f + tf))
     done
     count tap "$p" "$f"
+fi
+
+# ------------------------------------------------------------------ monitoring
+# promtool on docs/monitoring/: the alert rules load (check rules); every
+# alert has a test case that fires and one with "exp_alerts: []"; each test
+# of test/monitoring/outbox_alerts_test.yml passes (test rules), one result
+# per test: the file is cut at its "  - name:" lines into one file per test
+# (promtool 2.42, bookworm's, has no --run).  The exporter queries are
+# checked by test/tap/064_exporter.pl (tap layer).
+if has_layer monitoring; then
+    echo "== monitoring (promtool)"
+    p=0; f=0
+    mon_dir="$ROOT/tmp_check/monitoring"
+    rm -rf "$mon_dir"; mkdir -p "$mon_dir"
+    mon_result() {  # rc what [log]
+        if [ "$1" = 0 ]; then
+            p=$((p + 1)); echo "   ok: $2"
+        else
+            f=$((f + 1)); echo "   FAILED: $2"
+            [ -n "${3:-}" ] && sed 's/^/      /' "$3"
+        fi
+    }
+    mon_rules=docs/monitoring/outbox_alerts.rules.yml
+    mon_tests=test/monitoring/outbox_alerts_test.yml
+    if ! command -v promtool >/dev/null; then
+        mon_result 1 "promtool not found (Debian: prometheus on bookworm, promtool from trixie on; test/install_deps.sh)"
+    else
+        echo "   $(promtool --version 2>&1 | head -n 1)"
+        promtool check rules "$mon_rules" > "$mon_dir/check_rules.log" 2>&1
+        mon_result $? "promtool check rules $mon_rules" "$mon_dir/check_rules.log"
+
+        # every alert: a case that fires, a case that does not
+        awk 'FNR == NR { if ($1 == "-" && $2 == "alert:") alerts[++n] = $3; next }
+             $1 == "alertname:" { cur = $2 }
+             $1 == "exp_alerts:" { if ($2 == "[]") quiet[cur] = 1; else fires[cur] = 1 }
+             END {
+                 bad = (n == 0)
+                 if (n == 0) print "no alert found in the rules file"
+                 for (i = 1; i <= n; i++) {
+                     if (!(alerts[i] in fires)) { print alerts[i] ": no test case where it fires"; bad = 1 }
+                     if (!(alerts[i] in quiet)) { print alerts[i] ": no test case where it must not fire"; bad = 1 }
+                 }
+                 exit bad
+             }' "$mon_rules" "$mon_tests" > "$mon_dir/coverage.log" 2>&1
+        mon_result $? "every alert of $mon_rules has a firing and a quiet test case" "$mon_dir/coverage.log"
+
+        # one file per test: the header (rule_files made absolute) and the test
+        mon_base=$(cd "$(dirname "$mon_tests")" && pwd)
+        awk -v dir="$mon_dir" -v base="$mon_base" '
+            /^[^ #]/ { section = $1 }
+            !started && section == "rule_files:" && /^  - / && $2 !~ /^\// { sub(/- /, "- " base "/") }
+            /^  - name: / && section == "tests:" {
+                started = 1; n++; file = sprintf("%s/test_%02d.yml", dir, n)
+                name = $0; sub(/^  - name: */, "", name); gsub(/^["\047]|["\047]$/, "", name)
+                print name > (dir "/test_" sprintf("%02d", n) ".name")
+                printf "%s%s", header, comments > file
+                comments = ""
+            }
+            !started { header = header $0 "\n"; next }
+            /^ *#/ || /^ *$/ { comments = comments $0 "\n"; next }   # goes with what follows
+            { printf "%s", comments > file; comments = ""; print > file }
+        ' "$mon_tests"
+        mon_n=0
+        for t in "$mon_dir"/test_*.yml; do
+            [ -e "$t" ] || continue
+            mon_n=$((mon_n + 1))
+            promtool test rules "$t" > "${t%.yml}.log" 2>&1
+            mon_result $? "promtool test rules: $(cat "${t%.yml}.name")" "${t%.yml}.log"
+        done
+        [ "$mon_n" = 0 ] && mon_result 1 "no test found in $mon_tests"
+    fi
+    count monitoring "$p" "$f"
 fi
 
 echo
