@@ -31,6 +31,8 @@
  *    recovery by time window.
  *  - endpoints.previous_signing_secret, previous_secret_until and
  *    outbox.rotate_secret(): secret rotation with a grace period.
+ *  - endpoints.retry_schedule and max_attempts: retry delays and attempt
+ *    limits per endpoint.
  */
 
 \echo Use "ALTER EXTENSION outbox_dispatcher UPDATE TO '0.3.0'" to load this file. \quit
@@ -412,6 +414,34 @@ COMMENT ON FUNCTION @extschema@.rotate_secret(text, text, interval) IS
 REVOKE ALL ON FUNCTION @extschema@.rotate_secret(text, text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.rotate_secret(text, text, interval) TO outbox_admin;
 GRANT SELECT (previous_secret_until) ON @extschema@.endpoints TO outbox_monitor;
+
+-- ---------------------------------------------------------------- retry schedules per endpoint
+CREATE DOMAIN @extschema@.retry_schedule AS interval[]
+    CONSTRAINT retry_schedule_is_1_to_100_delays_between_100ms_and_7_days CHECK (
+        pg_catalog.array_ndims(VALUE) IS NULL
+        OR (pg_catalog.array_ndims(VALUE) OPERATOR(pg_catalog.=) 1
+            AND pg_catalog.array_length(VALUE, 1) OPERATOR(pg_catalog.<=) 100
+            AND pg_catalog.array_position(VALUE, NULL) IS NULL
+            AND interval '100 milliseconds' OPERATOR(pg_catalog.<=) ALL (VALUE)
+            AND interval '7 days' OPERATOR(pg_catalog.>=) ALL (VALUE)));
+COMMENT ON DOMAIN @extschema@.retry_schedule IS
+    'Delays before each retry: 1 to 100 intervals between 100 milliseconds and 7 days, without nulls';
+
+CREATE DOMAIN @extschema@.endpoint_max_attempts AS integer
+    CONSTRAINT max_attempts_between_1_and_1000 CHECK (VALUE OPERATOR(pg_catalog.>=) 1 AND VALUE OPERATOR(pg_catalog.<=) 1000);
+COMMENT ON DOMAIN @extschema@.endpoint_max_attempts IS
+    'Attempts a message of the endpoint gets at most: 1 to 1000';
+
+REVOKE ALL ON DOMAIN @extschema@.retry_schedule, @extschema@.endpoint_max_attempts FROM PUBLIC;
+
+ALTER TABLE @extschema@.endpoints
+    ADD COLUMN retry_schedule @extschema@.retry_schedule,
+    ADD COLUMN max_attempts   @extschema@.endpoint_max_attempts;
+COMMENT ON COLUMN @extschema@.endpoints.retry_schedule IS
+    'Delays before the 1st, 2nd, ... retry (each jittered by up to 10 % either way; the last one repeats); null: outbox_dispatcher.backoff_base/backoff_cap';
+COMMENT ON COLUMN @extschema@.endpoints.max_attempts IS
+    'Attempts a message gets at most; null: one more than the retry_schedule has delays, or outbox_dispatcher.max_attempts';
+GRANT SELECT (retry_schedule, max_attempts) ON @extschema@.endpoints TO outbox_monitor;
 
 -- ---------------------------------------------------------------- monitoring of fan-out and the attempt log
 CREATE OR REPLACE VIEW @extschema@.dead_letters AS

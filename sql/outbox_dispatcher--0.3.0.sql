@@ -114,6 +114,24 @@ COMMENT ON DOMAIN @extschema@.breaker_cooldown IS
 REVOKE ALL ON DOMAIN @extschema@.endpoint_max_in_flight, @extschema@.http_statuses,
     @extschema@.endpoint_rate_limit, @extschema@.breaker_threshold, @extschema@.breaker_cooldown FROM PUBLIC;
 
+CREATE DOMAIN @extschema@.retry_schedule AS interval[]
+    CONSTRAINT retry_schedule_is_1_to_100_delays_between_100ms_and_7_days CHECK (
+        pg_catalog.array_ndims(VALUE) IS NULL
+        OR (pg_catalog.array_ndims(VALUE) OPERATOR(pg_catalog.=) 1
+            AND pg_catalog.array_length(VALUE, 1) OPERATOR(pg_catalog.<=) 100
+            AND pg_catalog.array_position(VALUE, NULL) IS NULL
+            AND interval '100 milliseconds' OPERATOR(pg_catalog.<=) ALL (VALUE)
+            AND interval '7 days' OPERATOR(pg_catalog.>=) ALL (VALUE)));
+COMMENT ON DOMAIN @extschema@.retry_schedule IS
+    'Delays before each retry: 1 to 100 intervals between 100 milliseconds and 7 days, without nulls';
+
+CREATE DOMAIN @extschema@.endpoint_max_attempts AS integer
+    CONSTRAINT max_attempts_between_1_and_1000 CHECK (VALUE OPERATOR(pg_catalog.>=) 1 AND VALUE OPERATOR(pg_catalog.<=) 1000);
+COMMENT ON DOMAIN @extschema@.endpoint_max_attempts IS
+    'Attempts a message of the endpoint gets at most: 1 to 1000';
+
+REVOKE ALL ON DOMAIN @extschema@.retry_schedule, @extschema@.endpoint_max_attempts FROM PUBLIC;
+
 -- ---------------------------------------------------------------- endpoints
 -- max_in_flight and rate_limit hold across all workers; the default
 -- max_in_flight is above what the default 2 workers x batch_size 100 can
@@ -137,6 +155,8 @@ CREATE TABLE @extschema@.endpoints (
     id                bigint      GENERATED ALWAYS AS IDENTITY,
     previous_signing_secret text,
     previous_secret_until   timestamptz,
+    retry_schedule          @extschema@.retry_schedule,
+    max_attempts            @extschema@.endpoint_max_attempts,
     CONSTRAINT endpoints_id_key UNIQUE (id)
 );
 
@@ -162,6 +182,10 @@ COMMENT ON COLUMN @extschema@.endpoints.previous_signing_secret IS
     'The signing secret rotate_secret() replaced, still signed with until previous_secret_until; readable by outbox_admin only';
 COMMENT ON COLUMN @extschema@.endpoints.previous_secret_until IS
     'When previous_signing_secret stops being sent (the end of the rotation''s grace period)';
+COMMENT ON COLUMN @extschema@.endpoints.retry_schedule IS
+    'Delays before the 1st, 2nd, ... retry (each jittered by up to 10 % either way; the last one repeats); null: outbox_dispatcher.backoff_base/backoff_cap';
+COMMENT ON COLUMN @extschema@.endpoints.max_attempts IS
+    'Attempts a message gets at most; null: one more than the retry_schedule has delays, or outbox_dispatcher.max_attempts';
 
 -- The row checks that need code (URL, header names and values, secret
 -- format, timeout shorter than the lease; the domains above check the
@@ -907,7 +931,7 @@ GRANT SELECT ON @extschema@.queue_depth, @extschema@.health,
     TO outbox_monitor;
 GRANT SELECT (name, url, headers, timeout, max_in_flight, enabled, defer_statuses,
               created_at, updated_at, rate_limit, breaker_threshold, breaker_cooldown,
-              disabled_reason, id, previous_secret_until)
+              disabled_reason, id, previous_secret_until, retry_schedule, max_attempts)
     ON @extschema@.endpoints TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION @extschema@._lost_leases(), @extschema@._worker_stats(),
     @extschema@._endpoint_health(), @extschema@._endpoints_unserved(),

@@ -113,7 +113,7 @@ od_header_lines_text(Datum d)
 /*
  * The columns in the order od_read_endpoints reads them; conversions happen
  * in C, not in SQL.  [1]: 0.3.0, with the secret a rotation replaced while
- * its grace period lasts.
+ * its grace period lasts, the retry schedule and the attempt limit.
  */
 #define SQL_ENDPOINTS_TEXT(rotation) \
     "SELECT e.tableoid, e.id, e.name, e.url, e.headers, e.signing_secret, e.timeout, e.max_in_flight," \
@@ -123,7 +123,7 @@ od_header_lines_text(Datum d)
 static const char *const SQL_ENDPOINTS[2] = {
     SQL_ENDPOINTS_TEXT(""),
     SQL_ENDPOINTS_TEXT(", CASE WHEN e.previous_secret_until > now() THEN e.previous_signing_secret END,"
-                       " e.previous_secret_until")
+                       " e.previous_secret_until, e.retry_schedule, e.max_attempts")
 };
 
 int
@@ -186,6 +186,22 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
             r->previous_secret = SPI_getvalue(tup, desc, 13);
             d = SPI_getbinval(tup, desc, 14, &isnull);
             r->previous_secret_until = isnull ? 0 : DatumGetTimestampTz(d);
+            d = SPI_getbinval(tup, desc, 15, &isnull);
+            if (!isnull)
+            {
+                ArrayType *arr = DatumGetArrayTypePCopy(d);
+                Datum     *elems;
+                bool      *enulls;
+                int        n;
+
+                deconstruct_array(arr, INTERVALOID, sizeof(Interval), false, TYPALIGN_DOUBLE, &elems, &enulls, &n);
+                r->retry_schedule_ms = (int64 *) palloc(sizeof(int64) * (n + 1));
+                for (int j = 0; j < n; j++)
+                    if (!enulls[j]) /* the domain has no nulls */
+                        r->retry_schedule_ms[r->n_retry_schedule++] = od_interval_us(DatumGetIntervalP(elems[j])) / 1000;
+            }
+            d = SPI_getbinval(tup, desc, 16, &isnull);
+            r->max_attempts = isnull ? 0 : DatumGetInt32(d);
         }
         MemoryContextSwitchTo(old);
     }

@@ -81,6 +81,9 @@ typedef struct OdEndpointRow
     char  *secret;     /* NULL for unsigned */
     char  *previous_secret;        /* the one rotate_secret() replaced, while its grace lasts; NULL: none */
     TimestampTz previous_secret_until; /* when previous_secret stops signing */
+    int64 *retry_schedule_ms;          /* 0.3.0: delays before each retry; n_retry_schedule 0 = the GUCs' backoff */
+    int    n_retry_schedule;
+    int    max_attempts;               /* 0.3.0: 0 = not set */
     int64  timeout_ms; /* >= 1: a sub-millisecond timeout must not become curl's "none" */
     int    max_in_flight;
     int   *defer;

@@ -101,20 +101,33 @@ static SPIPlanPtr plan_enqueue = nullptr;
  */
 #define EXPIRED "lease_until < now()"
 
-#define SQL_REAP_TEXT(expired, dead_at) \
+/*
+ * A message's attempt limit.  Before 0.3.0 the GUC's ($n); from 0.3.0 its
+ * endpoint's max_attempts, else one more than the length of its
+ * retry_schedule, else the GUC's.  One probe of endpoints_pkey per row
+ * examined, which only the expired-lease paths do.
+ */
+#define MAX_ATTEMPTS_030(alias, dflt) \
+    "coalesce((SELECT coalesce(e.max_attempts, pg_catalog.array_length(e.retry_schedule, 1) + 1)" \
+    "            FROM outbox.endpoints AS e WHERE e.name = " alias ".endpoint), " dflt ")"
+
+#define SQL_REAP_TEXT(expired, dead_at, max_x, max_m) \
     "WITH expired AS (" \
-    "  SELECT id FROM outbox.messages" \
-    "   WHERE " expired " AND attempts >= $1" \
-    "   ORDER BY lease_until LIMIT $2" \
+    "  SELECT x.id FROM outbox.messages AS x" \
+    "   WHERE x." expired " AND x.attempts >= " max_x \
+    "   ORDER BY x.lease_until LIMIT $2" \
     "     FOR UPDATE SKIP LOCKED) " \
     "UPDATE outbox.messages AS m" \
     "   SET status = 'dead', lease_owner = NULL, lease_until = NULL," dead_at \
-    "       last_error = 'lease expired on attempt ' || m.attempts::text || ' of ' || $1::text" \
+    "       last_error = 'lease expired on attempt ' || m.attempts::text || ' of ' || (" max_m ")::text" \
     "                    || ' (worker crashed or the request outlived its lease)'" \
     " WHERE m.id = ANY (ARRAY(SELECT id FROM expired))"
 
-/* [0] before 0.3.0, [1] with messages.dead_at (od_schema_has_fanout) */
-static const char *const SQL_REAP[2] = { SQL_REAP_TEXT(EXPIRED, ""), SQL_REAP_TEXT(EXPIRED, " dead_at = now(),") };
+/* [0] before 0.3.0, [1] with messages.dead_at and per-endpoint attempt limits (od_schema_has_fanout) */
+static const char *const SQL_REAP[2] = {
+    SQL_REAP_TEXT(EXPIRED, "", "$1", "$1"),
+    SQL_REAP_TEXT(EXPIRED, " dead_at = now(),", MAX_ATTEMPTS_030("x", "$1"), MAX_ATTEMPTS_030("m", "$1"))
+};
 
 /* the earliest lease deadline: when the next expired-lease check is due */
 static const char *const SQL_NEXT_DEADLINE =
@@ -129,9 +142,9 @@ static const char *const SQL_NEXT_DEADLINE =
     "  UNION ALL" \
     "  SELECT e.name, $2, true, 0 FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
 
-#define SQL_CLAIM_EXPIRED_ARM(expired) \
+#define SQL_CLAIM_EXPIRED_ARM(expired, max_m) \
     "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m" \
-    "    WHERE m." expired " AND m.attempts < $4" \
+    "    WHERE m." expired " AND m.attempts < " max_m \
     "      AND m.endpoint IN (SELECT endpoint FROM quota WHERE takeover)" \
     "    ORDER BY m.lease_until LIMIT $2" \
     "      FOR UPDATE OF m SKIP LOCKED) AS expired" \
@@ -179,9 +192,9 @@ static const char *const SQL_NEXT_DEADLINE =
  * rows only, for when no lease can have expired yet ($4 and $7 unused:
  * declared parameters need not be referenced).
  */
-#define SQL_CLAIM_VARIANTS(order, same_endpoint) \
+#define SQL_CLAIM_VARIANTS(order, same_endpoint, max_m) \
     { \
-        SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED) SQL_CLAIM_READY_ARM(order, same_endpoint) \
+        SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED, max_m) SQL_CLAIM_READY_ARM(order, same_endpoint) \
             SQL_CLAIM_UPDATE, \
             SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM(order, same_endpoint) SQL_CLAIM_UPDATE \
     }
@@ -192,7 +205,8 @@ static const char *const SQL_NEXT_DEADLINE =
  * (aggregate_type, aggregate_id, endpoint, id) there).
  */
 static const char *const SQL_CLAIM[2][2] = {
-    SQL_CLAIM_VARIANTS("", ""), SQL_CLAIM_VARIANTS(ORDERED_AFTER_OLDER_TRANSACTIONS, "p.endpoint = m.endpoint AND ")
+    SQL_CLAIM_VARIANTS("", "", "$4"),
+    SQL_CLAIM_VARIANTS(ORDERED_AFTER_OLDER_TRANSACTIONS, "p.endpoint = m.endpoint AND ", MAX_ATTEMPTS_030("m", "$4"))
 };
 
 #define SQL_FINALIZE_TEXT(dead_at) \

@@ -62,6 +62,8 @@ load_endpoint(const OdEndpointRow *r) noexcept
         }
         e.timeout_ms = (long) r->timeout_ms;
         e.defer_statuses.assign(r->defer, r->defer + r->ndefer);
+        e.retry_schedule_ms.assign(r->retry_schedule_ms, r->retry_schedule_ms + r->n_retry_schedule);
+        e.max_attempts = r->max_attempts;
         W.disp->add_endpoint(e);
     }
     catch (...)

@@ -95,7 +95,7 @@ bool Dispatcher::add(ClaimedMessage &&m) noexcept {
     try {
         auto it = endpoints_.find(m.endpoint);
         if (it == endpoints_.end()) {
-            fail_now(m, "endpoint is not configured in this worker yet", false);
+            fail_now(m, nullptr, "endpoint is not configured in this worker yet", false);
             return true;
         }
         it->second.queue.push_back(std::move(m));
@@ -106,7 +106,22 @@ bool Dispatcher::add(ClaimedMessage &&m) noexcept {
     }
 }
 
-void Dispatcher::fail_now(const ClaimedMessage &m, const char *why, bool local) noexcept {
+BackoffPolicy Dispatcher::backoff_for(const EndpointConfig *cfg) const noexcept {
+    BackoffPolicy b = settings_.backoff;
+    if (cfg != nullptr && !cfg->retry_schedule_ms.empty()) {
+        b.schedule_ms = cfg->retry_schedule_ms.data();
+        b.n_schedule = cfg->retry_schedule_ms.size();
+    }
+    return b;
+}
+
+int Dispatcher::max_attempts_for(const EndpointConfig *cfg) const noexcept {
+    if (cfg != nullptr && cfg->max_attempts > 0) return cfg->max_attempts;
+    if (cfg != nullptr && !cfg->retry_schedule_ms.empty()) return static_cast<int>(cfg->retry_schedule_ms.size()) + 1;
+    return settings_.max_attempts;
+}
+
+void Dispatcher::fail_now(const ClaimedMessage &m, const EndpointConfig *cfg, const char *why, bool local) noexcept {
     try {
         DeliveryOutcome o;
         std::memset(&o, 0, sizeof o);
@@ -125,8 +140,8 @@ void Dispatcher::fail_now(const ClaimedMessage &m, const char *why, bool local) 
                           "not sent: local resource failure in the dispatcher (%s); attempt not counted",
                           why && *why ? why : "cannot start the transfer");
         } else {
-            o.verdict = m.attempts >= settings_.max_attempts ? Verdict::Dead : Verdict::Retry;
-            o.delay_ms = full_jitter_ms(m.attempts, settings_.backoff, rng_());
+            o.verdict = m.attempts >= max_attempts_for(cfg) ? Verdict::Dead : Verdict::Retry;
+            o.delay_ms = full_jitter_ms(m.attempts, backoff_for(cfg), rng_());
             o.refund = false;
             std::snprintf(o.error, sizeof o.error, "not sent: %s", why);
         }
@@ -174,9 +189,9 @@ void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
         oom = true; /* around the submit (sent_): as local as a failed submit */
     }
     if (!built)
-        fail_now(m, "cannot build the request headers (out of memory or signing failure)", false);
+        fail_now(m, &ep.cfg, "cannot build the request headers (out of memory or signing failure)", false);
     else if (!started)
-        fail_now(m, oom ? "out of memory" : engine_.last_error(), true);
+        fail_now(m, &ep.cfg, oom ? "out of memory" : engine_.last_error(), true);
     ep.queue.pop_front();
     queued_--;
 }
@@ -233,8 +248,9 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
             pol.defer_statuses = &kNoDefer;
             pol.n_defer_statuses = 0;
         }
-        pol.max_attempts = settings_.max_attempts;
-        pol.backoff = settings_.backoff;
+        const EndpointConfig *cfg = ep != endpoints_.end() ? &ep->second.cfg : nullptr;
+        pol.max_attempts = max_attempts_for(cfg);
+        pol.backoff = backoff_for(cfg);
         pol.defer_delay_ms = settings_.defer_delay_ms;
         pol.max_retry_after_s = settings_.max_retry_after_s;
 

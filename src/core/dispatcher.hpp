@@ -48,6 +48,8 @@ struct EndpointConfig {
     int64_t previous_key_until_unix_s = 0;
     long timeout_ms = 10000;
     std::vector<int> defer_statuses;
+    std::vector<int64_t> retry_schedule_ms; /* delays before each retry; empty = the settings' backoff */
+    int max_attempts = 0;                   /* 0 = retry_schedule's length + 1, else the settings' */
 };
 
 struct ClaimedMessage {
@@ -180,7 +182,11 @@ class Dispatcher {
     void push_release(int64_t id, int64_t lease_version, int64_t lease_until_us, int endpoint_tag,
                       const char *why) noexcept;
 
-    void fail_now(const ClaimedMessage &m, const char *why, bool local) noexcept;
+    /* cfg: the message's endpoint (its retry schedule and attempt limit), nullptr if unknown */
+    void fail_now(const ClaimedMessage &m, const EndpointConfig *cfg, const char *why, bool local) noexcept;
+    /* The retry delays and the attempt limit for a message of cfg (nullptr: the settings'). */
+    BackoffPolicy backoff_for(const EndpointConfig *cfg) const noexcept;
+    int max_attempts_for(const EndpointConfig *cfg) const noexcept;
     void send_front(EndpointState &ep, int64_t now_unix_s) noexcept;
     bool below_max_transfers() const noexcept;
     void apply_pool_size() noexcept;

@@ -456,6 +456,14 @@ bool status_is_retryable(long status) noexcept {
 }
 
 int64_t full_jitter_ms(int attempts, const BackoffPolicy &b, uint64_t random64) noexcept {
+    if (b.schedule_ms != nullptr && b.n_schedule > 0) {
+        std::size_t i = attempts < 1 ? 0 : static_cast<std::size_t>(attempts) - 1;
+        if (i >= b.n_schedule) i = b.n_schedule - 1;
+        int64_t d = b.schedule_ms[i] < 0 ? 0 : b.schedule_ms[i];
+        int64_t tenth = d / 10;
+        /* d - tenth + uniform [0, 2 * tenth]; d is at most days, no overflow */
+        return d - tenth + static_cast<int64_t>(mul_hi64(random64, static_cast<uint64_t>(2 * tenth) + 1));
+    }
     if (b.base_ms <= 0 || b.cap_ms <= 0) return 0;
     if (attempts < 0) attempts = 0;
     /* base * 2^attempts, saturated at INT64_MAX */

@@ -33,6 +33,13 @@ const char *verdict_name(Verdict v) noexcept;
 struct BackoffPolicy {
     int64_t base_ms;
     int64_t cap_ms;
+    /*
+     * An endpoint's retry_schedule: the delay before retry n (after attempt
+     * n failed) is schedule_ms[min(n, n_schedule) - 1], jittered uniformly
+     * within +-10 %; n_schedule 0 = exponential backoff from base/cap.
+     */
+    const int64_t *schedule_ms = nullptr;
+    std::size_t n_schedule = 0;
 };
 
 /* What happened on the wire for one request. */
@@ -81,7 +88,12 @@ struct Outcome {
 Outcome classify(const DeliveryResult &r, const OutcomePolicy &p, int attempts, int64_t now_unix_s, uint64_t random64,
                  const char *body, std::size_t body_len) noexcept;
 
-/* random(0, min(cap, base * 2^attempts)) in ms, overflow-safe for any attempts >= 0. */
+/*
+ * The delay after attempt `attempts` failed: with a schedule, its entry for
+ * that attempt (the last one repeats) times a uniform factor in [0.9, 1.1];
+ * otherwise random(0, min(cap, base * 2^attempts)) in ms, overflow-safe for
+ * any attempts >= 0.
+ */
 int64_t full_jitter_ms(int attempts, const BackoffPolicy &b, uint64_t random64) noexcept;
 
 /*

@@ -720,3 +720,36 @@ TEST(Verdict, NamesAreWhatTheFinalizeStatementReads) {
     EXPECT_STREQ(od::verdict_name(od::Verdict::Defer), "defer");
     EXPECT_STREQ(od::verdict_name(od::Verdict::Dead), "dead");
 }
+
+namespace {
+
+TEST(Jitter, RetryScheduleEntryPerAttemptWithin10Percent) {
+    const int64_t sched[] = {5000, 300000, 1800000};
+    od::BackoffPolicy b{1000, 300000};
+    b.schedule_ms = sched;
+    b.n_schedule = 3;
+    // attempt n failed: entry n (1-based), the last one repeats; 0 or less: the first
+    EXPECT_EQ(od::full_jitter_ms(1, b, 0), 4500);
+    EXPECT_EQ(od::full_jitter_ms(1, b, UINT64_MAX), 5500);
+    EXPECT_EQ(od::full_jitter_ms(2, b, 0), 270000);
+    EXPECT_EQ(od::full_jitter_ms(2, b, UINT64_MAX), 330000);
+    EXPECT_EQ(od::full_jitter_ms(3, b, 0), 1620000);
+    EXPECT_EQ(od::full_jitter_ms(9, b, UINT64_MAX), 1980000);
+    EXPECT_EQ(od::full_jitter_ms(0, b, 0), 4500);
+    EXPECT_EQ(od::full_jitter_ms(-5, b, UINT64_MAX), 5500);
+    // the middle of the random range is the entry itself
+    EXPECT_EQ(od::full_jitter_ms(1, b, 1ULL << 63), 5000);
+    // every value within +-10 %: a spread of random inputs
+    for (uint64_t r = 1; r != 0 && r < (1ULL << 63); r *= 3) {
+        int64_t d = od::full_jitter_ms(2, b, r);
+        EXPECT_GE(d, 270000);
+        EXPECT_LE(d, 330000);
+    }
+    // the longest allowed entry (7 days) does not overflow
+    const int64_t week[] = {7LL * 86400 * 1000};
+    b.schedule_ms = week;
+    b.n_schedule = 1;
+    EXPECT_EQ(od::full_jitter_ms(1000, b, UINT64_MAX), 7LL * 86400 * 1100);
+}
+
+} // namespace
