@@ -57,3 +57,24 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get "${APT_OPTS[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Node.js and the official Standard Webhooks / CloudEvents SDKs for the
+# conformance receiver (test/conformance, test/tap/065_conformance.pl).  In a
+# root file system (test/pgversions.sh) node_modules arrives with the tree, so
+# only nodejs is installed there.
+CONFORMANCE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/conformance
+apt_install() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "missing: $* (run as root to install)" >&2
+        exit 1
+    fi
+    echo "installing: $*"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get "${APT_OPTS[@]}" update -qq
+    apt-get "${APT_OPTS[@]}" install -y -qq --no-install-recommends "$@" >/dev/null
+}
+command -v node >/dev/null 2>&1 || apt_install nodejs
+if [ ! -d "$CONFORMANCE/node_modules" ]; then
+    command -v npm >/dev/null 2>&1 || apt_install npm
+    echo "installing: test/conformance/node_modules (npm ci)"
+    npm ci --prefix "$CONFORMANCE" --no-audit --no-fund >/dev/null
+fi
