@@ -33,6 +33,9 @@
  *    outbox.rotate_secret(): secret rotation with a grace period.
  *  - endpoints.retry_schedule and max_attempts: retry delays and attempt
  *    limits per endpoint.
+ *  - endpoints.disable_after (5 days for every endpoint, existing ones
+ *    included), endpoint_health.failing_since, the endpoints_disabled
+ *    trigger (LOG and NOTIFY outbox_endpoint_disabled).
  */
 
 \echo Use "ALTER EXTENSION outbox_dispatcher UPDATE TO '0.3.0'" to load this file. \quit
@@ -443,6 +446,35 @@ COMMENT ON COLUMN @extschema@.endpoints.max_attempts IS
     'Attempts a message gets at most; null: one more than the retry_schedule has delays, or outbox_dispatcher.max_attempts';
 GRANT SELECT (retry_schedule, max_attempts) ON @extschema@.endpoints TO outbox_monitor;
 
+-- ---------------------------------------------------------------- auto-disable after sustained failure
+CREATE DOMAIN @extschema@.endpoint_disable_after AS interval
+    CONSTRAINT disable_after_between_1min_and_365_days CHECK (VALUE OPERATOR(pg_catalog.>=) interval '1 minute'
+                                                AND VALUE OPERATOR(pg_catalog.<=) interval '365 days');
+COMMENT ON DOMAIN @extschema@.endpoint_disable_after IS
+    'How long every attempt may fail before the endpoint is disabled: 1 minute to 365 days (null: never)';
+REVOKE ALL ON DOMAIN @extschema@.endpoint_disable_after FROM PUBLIC;
+
+ALTER TABLE @extschema@.endpoints
+    ADD COLUMN disable_after @extschema@.endpoint_disable_after DEFAULT interval '5 days';
+COMMENT ON COLUMN @extschema@.endpoints.disable_after IS
+    'Disable the endpoint once every attempt (every breaker failure, no success) has failed for this long; null: never';
+GRANT SELECT (disable_after) ON @extschema@.endpoints TO outbox_monitor;
+
+-- A disable (410 Gone, disable_after, pause_endpoint, an UPDATE) is logged
+-- and announced at commit on the channel outbox_endpoint_disabled.
+CREATE FUNCTION @extschema@._endpoint_disabled()
+    RETURNS trigger
+    AS 'MODULE_PATHNAME', 'od_endpoint_disabled_trigger'
+    LANGUAGE C
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE TRIGGER endpoints_disabled
+    AFTER UPDATE OF enabled ON @extschema@.endpoints
+    FOR EACH ROW WHEN (OLD.enabled AND NOT NEW.enabled)
+    EXECUTE FUNCTION @extschema@._endpoint_disabled();
+REVOKE ALL ON FUNCTION @extschema@._endpoint_disabled() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@._endpoint_disabled() TO outbox_admin;
+
 -- ---------------------------------------------------------------- monitoring of fan-out and the attempt log
 CREATE OR REPLACE VIEW @extschema@.dead_letters AS
 SELECT id, endpoint, aggregate_type, aggregate_id, event_type, ordered, attempts,
@@ -454,7 +486,25 @@ SELECT id, endpoint, aggregate_type, aggregate_id, event_type, ordered, attempts
 -- Joins the shared state by id; enabled endpoints without a shared slot
 -- show as 'unserved'.  max_in_flight and rate_limit are shown as their base
 -- types, not as the domains of the table.
-CREATE OR REPLACE VIEW @extschema@.endpoint_health AS
+-- _endpoint_health() gains failing_since (disable_after): the view is made again on it
+DROP VIEW @extschema@.endpoint_health;
+DROP FUNCTION @extschema@._endpoint_health();
+CREATE FUNCTION @extschema@._endpoint_health(
+    OUT relid oid, OUT endpoint_id bigint, OUT state text, OUT consecutive_failures integer, OUT trips integer,
+    OUT opened_at timestamptz, OUT next_probe_at timestamptz, OUT in_flight integer,
+    OUT last_http_status integer, OUT last_error text, OUT last_success_at timestamptz,
+    OUT last_failure_at timestamptz, OUT delivered bigint, OUT failed bigint,
+    OUT latency_avg_ms double precision, OUT latency_p50_ms double precision,
+    OUT latency_p99_ms double precision, OUT latency_max_ms double precision,
+    OUT failing_since timestamptz)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'od_endpoint_health_v3_sql'
+    LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION @extschema@._endpoint_health() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@._endpoint_health() TO outbox_monitor, outbox_admin;
+
+CREATE VIEW @extschema@.endpoint_health AS
 SELECT e.name AS endpoint,
        e.enabled,
        CASE WHEN NOT e.enabled THEN e.disabled_reason END AS disabled_reason,
@@ -479,10 +529,16 @@ SELECT e.name AS endpoint,
        h.latency_p99_ms,
        h.latency_max_ms,
        (SELECT count(*) FROM @extschema@.subscriptions AS s WHERE s.endpoint = e.name AND s.enabled)::integer
-           AS subscriptions
+           AS subscriptions,
+       h.failing_since,
+       e.disable_after::interval AS disable_after
   FROM @extschema@.endpoints AS e
   LEFT JOIN @extschema@._endpoint_health() AS h ON h.relid = e.tableoid AND h.endpoint_id = e.id
  ORDER BY e.name;
+
+COMMENT ON VIEW @extschema@.endpoint_health IS
+    'Per endpoint: circuit breaker (state ''unserved'': no shared slot, see outbox_dispatcher.max_endpoints), in-flight count, delivery statistics since the server started (shared memory)';
+GRANT SELECT ON @extschema@.endpoint_health TO outbox_monitor, outbox_admin;
 
 -- The attempt log's last minute, per endpoint and outcome: reads only the
 -- partitions of today and of a minute ago, and in them only the block
@@ -573,6 +629,9 @@ lines AS (
               || string_agg(format('outbox_endpoint_failed_total{endpoint="%s"} %s', @extschema@._prom_label(endpoint), failed), E'\n' ORDER BY endpoint)
               || E'\n# HELP outbox_endpoint_subscriptions Enabled subscriptions of the endpoint (fan-out).\n# TYPE outbox_endpoint_subscriptions gauge\n'
               || string_agg(format('outbox_endpoint_subscriptions{endpoint="%s"} %s', @extschema@._prom_label(endpoint), subscriptions), E'\n' ORDER BY endpoint)
+              || E'\n# HELP outbox_endpoint_failing_seconds How long every attempt to the endpoint has failed (0: the last one succeeded); disable_after is measured by it.\n# TYPE outbox_endpoint_failing_seconds gauge\n'
+              || string_agg(format('outbox_endpoint_failing_seconds{endpoint="%s"} %s', @extschema@._prom_label(endpoint),
+                                   coalesce(extract(epoch FROM now() - failing_since), 0)), E'\n' ORDER BY endpoint)
       FROM e
     UNION ALL
     SELECT 7, format(E'# HELP outbox_endpoints_unserved Enabled endpoints the workers cannot serve (outbox_dispatcher.max_endpoints is too low).\n'

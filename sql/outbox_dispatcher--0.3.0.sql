@@ -132,6 +132,13 @@ COMMENT ON DOMAIN @extschema@.endpoint_max_attempts IS
 
 REVOKE ALL ON DOMAIN @extschema@.retry_schedule, @extschema@.endpoint_max_attempts FROM PUBLIC;
 
+CREATE DOMAIN @extschema@.endpoint_disable_after AS interval
+    CONSTRAINT disable_after_between_1min_and_365_days CHECK (VALUE OPERATOR(pg_catalog.>=) interval '1 minute'
+                                                AND VALUE OPERATOR(pg_catalog.<=) interval '365 days');
+COMMENT ON DOMAIN @extschema@.endpoint_disable_after IS
+    'How long every attempt may fail before the endpoint is disabled: 1 minute to 365 days (null: never)';
+REVOKE ALL ON DOMAIN @extschema@.endpoint_disable_after FROM PUBLIC;
+
 -- ---------------------------------------------------------------- endpoints
 -- max_in_flight and rate_limit hold across all workers; the default
 -- max_in_flight is above what the default 2 workers x batch_size 100 can
@@ -157,6 +164,7 @@ CREATE TABLE @extschema@.endpoints (
     previous_secret_until   timestamptz,
     retry_schedule          @extschema@.retry_schedule,
     max_attempts            @extschema@.endpoint_max_attempts,
+    disable_after           @extschema@.endpoint_disable_after DEFAULT interval '5 days',
     CONSTRAINT endpoints_id_key UNIQUE (id)
 );
 
@@ -186,6 +194,8 @@ COMMENT ON COLUMN @extschema@.endpoints.retry_schedule IS
     'Delays before the 1st, 2nd, ... retry (each jittered by up to 10 % either way; the last one repeats); null: outbox_dispatcher.backoff_base/backoff_cap';
 COMMENT ON COLUMN @extschema@.endpoints.max_attempts IS
     'Attempts a message gets at most; null: one more than the retry_schedule has delays, or outbox_dispatcher.max_attempts';
+COMMENT ON COLUMN @extschema@.endpoints.disable_after IS
+    'Disable the endpoint once every attempt (every breaker failure, no success) has failed for this long; null: never';
 
 -- The row checks that need code (URL, header names and values, secret
 -- format, timeout shorter than the lease; the domains above check the
@@ -212,6 +222,19 @@ CREATE FUNCTION @extschema@._endpoints_changed()
 CREATE TRIGGER endpoints_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.endpoints
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._endpoints_changed();
+
+-- A disable (410 Gone, disable_after, pause_endpoint, an UPDATE) is logged
+-- and announced at commit on the channel outbox_endpoint_disabled.
+CREATE FUNCTION @extschema@._endpoint_disabled()
+    RETURNS trigger
+    AS 'MODULE_PATHNAME', 'od_endpoint_disabled_trigger'
+    LANGUAGE C
+    SET search_path = pg_catalog, pg_temp;
+
+CREATE TRIGGER endpoints_disabled
+    AFTER UPDATE OF enabled ON @extschema@.endpoints
+    FOR EACH ROW WHEN (OLD.enabled AND NOT NEW.enabled)
+    EXECUTE FUNCTION @extschema@._endpoint_disabled();
 
 -- ---------------------------------------------------------------- messages
 CREATE TABLE @extschema@.messages (
@@ -670,9 +693,10 @@ CREATE FUNCTION @extschema@._endpoint_health(
     OUT last_http_status integer, OUT last_error text, OUT last_success_at timestamptz,
     OUT last_failure_at timestamptz, OUT delivered bigint, OUT failed bigint,
     OUT latency_avg_ms double precision, OUT latency_p50_ms double precision,
-    OUT latency_p99_ms double precision, OUT latency_max_ms double precision)
+    OUT latency_p99_ms double precision, OUT latency_max_ms double precision,
+    OUT failing_since timestamptz)
     RETURNS SETOF record
-    AS 'MODULE_PATHNAME', 'od_endpoint_health_v2_sql'
+    AS 'MODULE_PATHNAME', 'od_endpoint_health_v3_sql'
     LANGUAGE C VOLATILE
     SET search_path = pg_catalog, pg_temp;
 
@@ -764,7 +788,9 @@ SELECT e.name AS endpoint,
        h.latency_p99_ms,
        h.latency_max_ms,
        (SELECT count(*) FROM @extschema@.subscriptions AS s WHERE s.endpoint = e.name AND s.enabled)::integer
-           AS subscriptions
+           AS subscriptions,
+       h.failing_since,
+       e.disable_after::interval AS disable_after
   FROM @extschema@.endpoints AS e
   LEFT JOIN @extschema@._endpoint_health() AS h ON h.relid = e.tableoid AND h.endpoint_id = e.id
  ORDER BY e.name;
@@ -873,6 +899,9 @@ lines AS (
               || string_agg(format('outbox_endpoint_failed_total{endpoint="%s"} %s', @extschema@._prom_label(endpoint), failed), E'\n' ORDER BY endpoint)
               || E'\n# HELP outbox_endpoint_subscriptions Enabled subscriptions of the endpoint (fan-out).\n# TYPE outbox_endpoint_subscriptions gauge\n'
               || string_agg(format('outbox_endpoint_subscriptions{endpoint="%s"} %s', @extschema@._prom_label(endpoint), subscriptions), E'\n' ORDER BY endpoint)
+              || E'\n# HELP outbox_endpoint_failing_seconds How long every attempt to the endpoint has failed (0: the last one succeeded); disable_after is measured by it.\n# TYPE outbox_endpoint_failing_seconds gauge\n'
+              || string_agg(format('outbox_endpoint_failing_seconds{endpoint="%s"} %s', @extschema@._prom_label(endpoint),
+                                   coalesce(extract(epoch FROM now() - failing_since), 0)), E'\n' ORDER BY endpoint)
       FROM e
     UNION ALL
     SELECT 7, format(E'# HELP outbox_endpoints_unserved Enabled endpoints the workers cannot serve (outbox_dispatcher.max_endpoints is too low).\n'
@@ -931,7 +960,7 @@ GRANT SELECT ON @extschema@.queue_depth, @extschema@.health,
     TO outbox_monitor;
 GRANT SELECT (name, url, headers, timeout, max_in_flight, enabled, defer_statuses,
               created_at, updated_at, rate_limit, breaker_threshold, breaker_cooldown,
-              disabled_reason, id, previous_secret_until, retry_schedule, max_attempts)
+              disabled_reason, id, previous_secret_until, retry_schedule, max_attempts, disable_after)
     ON @extschema@.endpoints TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION @extschema@._lost_leases(), @extschema@._worker_stats(),
     @extschema@._endpoint_health(), @extschema@._endpoints_unserved(),

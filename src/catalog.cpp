@@ -123,7 +123,7 @@ od_header_lines_text(Datum d)
 static const char *const SQL_ENDPOINTS[2] = {
     SQL_ENDPOINTS_TEXT(""),
     SQL_ENDPOINTS_TEXT(", CASE WHEN e.previous_secret_until > now() THEN e.previous_signing_secret END,"
-                       " e.previous_secret_until, e.retry_schedule, e.max_attempts")
+                       " e.previous_secret_until, e.retry_schedule, e.max_attempts, e.disable_after")
 };
 
 int
@@ -202,6 +202,8 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
             }
             d = SPI_getbinval(tup, desc, 16, &isnull);
             r->max_attempts = isnull ? 0 : DatumGetInt32(d);
+            d = SPI_getbinval(tup, desc, 17, &isnull);
+            r->disable_after_us = isnull ? 0 : od_interval_us(DatumGetIntervalP(d));
         }
         MemoryContextSwitchTo(old);
     }

@@ -84,6 +84,7 @@ typedef struct OdEndpointRow
     int64 *retry_schedule_ms;          /* 0.3.0: delays before each retry; n_retry_schedule 0 = the GUCs' backoff */
     int    n_retry_schedule;
     int    max_attempts;               /* 0.3.0: 0 = not set */
+    int64  disable_after_us;           /* 0.3.0: 0 = never */
     int64  timeout_ms; /* >= 1: a sub-millisecond timeout must not become curl's "none" */
     int    max_in_flight;
     int   *defer;

@@ -83,6 +83,7 @@ init_slot(OdEndpointSlot *e, Oid relid, int64 id, const char *label)
     e->last_status = 0;
     e->last_success_at = 0;
     e->last_failure_at = 0;
+    e->failing_since = 0;
     e->last_error[0] = '\0';
     e->delivered = e->failed = 0;
     e->latency_count = e->latency_sum_us = e->latency_max_us = 0;
@@ -345,7 +346,7 @@ od_endpoint_release(OdEndpointRef ref, int n)
     SpinLockRelease(&e->mutex);
 }
 
-void
+TimestampTz
 od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r, int http_status,
                    double latency_ms, const char *error, bool probe, TimestampTz now)
 {
@@ -353,14 +354,16 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointS
     uint64          us = od::latency_us(latency_ms);
     int             b = od::latency_bucket(us);
 
+    TimestampTz     failing_since;
+
     if (e == nullptr)
-        return;
+        return 0;
 
     SpinLockAcquire(&e->mutex);
     if (!current(e, ref))
     {
         SpinLockRelease(&e->mutex);
-        return;
+        return 0;
     }
     if (http_status > 0)
         e->last_status = http_status;
@@ -376,6 +379,7 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointS
     {
         e->delivered++;
         e->last_success_at = now;
+        e->failing_since = 0;
         e->consecutive_failures = 0;
         e->trips = 0;
         e->breaker = OD_BREAKER_CLOSED;
@@ -385,6 +389,8 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointS
     {
         e->failed++;
         e->last_failure_at = now;
+        if (e->failing_since == 0)
+            e->failing_since = now;
         e->consecutive_failures++;
         if (error)
             strlcpy(e->last_error, error, sizeof(e->last_error));
@@ -417,5 +423,7 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointS
             e->probe_taken = false;
         }
     }
+    failing_since = e->failing_since;
     SpinLockRelease(&e->mutex);
+    return failing_since;
 }

@@ -15,6 +15,7 @@ typedef struct OdEndpointLimits
     double rate_limit;          /* messages per second; <= 0 = unlimited */
     int    breaker_threshold;   /* consecutive failures that open the breaker */
     int64  breaker_cooldown_us; /* first open period; doubles per trip */
+    int64  disable_after_us;    /* disable the endpoint once it has failed for this long; 0 = never */
 } OdEndpointLimits;
 
 /*
@@ -57,8 +58,14 @@ extern bool od_endpoint_hold(OdEndpointRef ref, int n);
 /* A request finished (or was abandoned): release its in-flight place. */
 extern void od_endpoint_release(OdEndpointRef ref, int n);
 
-/* Record one result (its breaker signal: core/policy.hpp): statistics and breaker transitions. */
-extern void od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r, int http_status,
+/*
+ * Record one result (its breaker signal: core/policy.hpp): statistics and
+ * breaker transitions.  Returns since when every breaker signal of the
+ * endpoint has been a failure (0: the last one was a success, or none
+ * since the slot was taken; also 0 for a stale ref): what disable_after
+ * is measured from.
+ */
+extern TimestampTz od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r, int http_status,
                                double latency_ms, const char *error, bool probe, TimestampTz now);
 
 #endif /* OUTBOX_DISPATCHER_ENDPOINT_STATE_H */

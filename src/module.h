@@ -136,6 +136,7 @@ typedef struct OdEndpointSlot
     int         last_status;
     TimestampTz last_success_at;
     TimestampTz last_failure_at;
+    TimestampTz failing_since; /* first breaker failure after the last success; 0: none (disable_after) */
     char        last_error[256];
     uint64      delivered;
     uint64      failed;

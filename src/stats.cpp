@@ -96,18 +96,20 @@ od_worker_stats_sql(PG_FUNCTION_ARGS)
  * The view outbox.endpoint_health joins it to outbox.endpoints by the slot's
  * key (the table's oid and the endpoint id).  Two shapes: the 0.2.0 one
  * (first column the name, as far as the slot keeps it) for a schema that
- * was not updated yet, and the 0.2.1 one (relid, id, then the same columns).
+ * was not updated yet, the 0.2.1 one (relid, id, then the same columns),
+ * and the 0.3.0 one (that, then failing_since).
  */
 extern "C" {
 PG_FUNCTION_INFO_V1(od_endpoint_health_sql);
 PG_FUNCTION_INFO_V1(od_endpoint_health_v2_sql);
+PG_FUNCTION_INFO_V1(od_endpoint_health_v3_sql);
 PG_FUNCTION_INFO_V1(od_endpoints_unserved_sql);
 }
 
 static const char *const breaker_names[] = { "closed", "open", "half_open" };
 
 static void
-endpoint_health_rows(FunctionCallInfo fcinfo, bool keyed)
+endpoint_health_rows(FunctionCallInfo fcinfo, bool keyed, bool failing)
 {
     ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
     int            off = keyed ? 2 : 1;
@@ -119,8 +121,8 @@ endpoint_health_rows(FunctionCallInfo fcinfo, bool keyed)
     {
         OdEndpointSlot *e = &od_endpoint_slots()[i];
         OdEndpointSlot  c;
-        Datum           values[18];
-        bool            nulls[18];
+        Datum           values[19];
+        bool            nulls[19];
 
         if (!e->used)
             continue;
@@ -163,6 +165,11 @@ endpoint_health_rows(FunctionCallInfo fcinfo, bool keyed)
         nulls[off + 14] = (c.latency_count == 0);
         values[off + 15] = Float8GetDatum((double) c.latency_max_us / 1000.0);
         nulls[off + 15] = (c.latency_count == 0);
+        if (failing)
+        {
+            values[off + 16] = TimestampTzGetDatum(c.failing_since);
+            nulls[off + 16] = (c.failing_since == 0);
+        }
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     }
 }
@@ -170,14 +177,22 @@ endpoint_health_rows(FunctionCallInfo fcinfo, bool keyed)
 extern "C" Datum
 od_endpoint_health_sql(PG_FUNCTION_ARGS)
 {
-    endpoint_health_rows(fcinfo, false);
+    endpoint_health_rows(fcinfo, false, false);
     return (Datum) 0;
 }
 
 extern "C" Datum
 od_endpoint_health_v2_sql(PG_FUNCTION_ARGS)
 {
-    endpoint_health_rows(fcinfo, true);
+    endpoint_health_rows(fcinfo, true, false);
+    return (Datum) 0;
+}
+
+/* 0.3.0: the 0.2.1 shape and failing_since (what disable_after is measured from) */
+extern "C" Datum
+od_endpoint_health_v3_sql(PG_FUNCTION_ARGS)
+{
+    endpoint_health_rows(fcinfo, true, true);
     return (Datum) 0;
 }
 

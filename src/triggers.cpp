@@ -23,6 +23,8 @@ extern "C" {
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "miscadmin.h"
+#include "commands/async.h"
 #include "commands/trigger.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -37,6 +39,7 @@ extern "C" {
 PG_FUNCTION_INFO_V1(od_message_check);
 PG_FUNCTION_INFO_V1(od_message_xid_first);
 PG_FUNCTION_INFO_V1(od_endpoint_check);
+PG_FUNCTION_INFO_V1(od_endpoint_disabled_trigger);
 PG_FUNCTION_INFO_V1(od_endpoint_check_v030);
 PG_FUNCTION_INFO_V1(od_subscription_check);
 }
@@ -636,6 +639,68 @@ extern "C" Datum
 od_endpoint_check_v030(PG_FUNCTION_ARGS)
 {
     return endpoint_check(fcinfo, false);
+}
+
+/*
+ * endpoints_disabled (0.3.0): AFTER UPDATE OF enabled, for each row that
+ * went from enabled to disabled, whoever did it (a 410 Gone, disable_after,
+ * pause_endpoint(), a plain UPDATE).  Logs it and sends, at commit, a
+ * NOTIFY on outbox_endpoint_disabled with a JSON payload: endpoint, id,
+ * reason (its first 1000 bytes), disabled_at, disabled_by (the role).
+ * Nothing secret is in it: any role of the database may LISTEN.
+ */
+#define OD_DISABLED_CHANNEL "outbox_endpoint_disabled"
+#define OD_DISABLED_REASON_BYTES 1000
+
+extern "C" Datum
+od_endpoint_disabled_trigger(PG_FUNCTION_ARGS)
+{
+    TriggerData   *trig = (TriggerData *) fcinfo->context;
+    HeapTuple      tup;
+    bool           isnull;
+    Datum          d;
+    char          *name;
+    char          *reason = nullptr;
+    int64          id = 0;
+    StringInfoData buf;
+
+    if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trig->tg_event) || !TRIGGER_FIRED_FOR_ROW(trig->tg_event) ||
+        !TRIGGER_FIRED_BY_UPDATE(trig->tg_event))
+        ereport(ERROR,
+                (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                 errmsg("function \"%s\" must be fired AFTER UPDATE FOR EACH ROW", "_endpoint_disabled")));
+    tup = trig->tg_newtuple;
+    name = TextDatumGetCString(column(trig, tup, "name", &isnull));
+    d = column(trig, tup, "id", &isnull);
+    if (!isnull)
+        id = DatumGetInt64(d);
+    d = column(trig, tup, "disabled_reason", &isnull);
+    if (!isnull)
+    {
+        reason = TextDatumGetCString(d);
+        reason[pg_mbcliplen(reason, strlen(reason), OD_DISABLED_REASON_BYTES)] = '\0';
+    }
+
+    initStringInfo(&buf);
+    appendStringInfoString(&buf, "{\"endpoint\": ");
+    escape_json(&buf, name);
+    appendStringInfo(&buf, ", \"id\": " INT64_FORMAT ", \"reason\": ", id);
+    if (reason)
+        escape_json(&buf, reason);
+    else
+        appendStringInfoString(&buf, "null");
+    appendStringInfoString(&buf, ", \"disabled_at\": ");
+    escape_json(&buf, timestamptz_to_str(GetCurrentTimestamp()));
+    appendStringInfoString(&buf, ", \"disabled_by\": ");
+    escape_json(&buf, GetUserNameFromId(GetUserId(), false));
+    appendStringInfoChar(&buf, '}');
+    Async_Notify(OD_DISABLED_CHANNEL, buf.data);
+
+    ereport(LOG,
+            (errmsg("outbox_dispatcher: endpoint \"%s\" disabled: %s", name, reason ? reason : "no reason given"),
+             errhint("Its messages wait, pending. Fix the endpoint, then run SELECT outbox.resume_endpoint(%s).",
+                     quote_literal_cstr(name))));
+    return PointerGetDatum(nullptr);
 }
 
 /* ---------------------------------------------------------------- subscriptions */

@@ -152,6 +152,12 @@ typedef struct OdWorker
     /* results waiting to be finalized */
     TimestampTz         oldest_outcome_at; /* 0 = not noted yet */
     size_t              outcomes_seen;
+    /* endpoints found failing for longer than their disable_after: disabled by the next finalize */
+#define OD_MAX_PENDING_DISABLES 16
+    int                 disable_tags[OD_MAX_PENDING_DISABLES]; /* endpoint slots */
+    TimestampTz         disable_since[OD_MAX_PENDING_DISABLES];
+    int64               disable_after_us[OD_MAX_PENDING_DISABLES];
+    int                 n_disable;
     bool                stats_pending; /* committed since the last forced statistics flush */
 
     /* deliver_after_replication (worker_replication.cpp) */

@@ -28,9 +28,25 @@ finalize_alone(FinalizeBatch *fb)
 
 /* ---------------------------------------------------------------- results */
 
+/* Endpoint slot s has failed for longer than its disable_after: disable it with the next finalize. */
+static void
+note_disable(int s, TimestampTz since, int64 after_us)
+{
+    for (int i = 0; i < W.n_disable; i++)
+        if (W.disable_tags[i] == s)
+            return;
+    if (W.n_disable >= OD_MAX_PENDING_DISABLES)
+        return; /* the next failure of that endpoint notes it again */
+    W.disable_tags[W.n_disable] = s;
+    W.disable_since[W.n_disable] = since;
+    W.disable_after_us[W.n_disable] = after_us;
+    W.n_disable++;
+}
+
 /*
  * For every outcome not seen yet: release its in-flight place and tell the
- * endpoint's shared state how it went (breaker, statistics).
+ * endpoint's shared state how it went (breaker, statistics), and note the
+ * endpoints that have failed for longer than their disable_after.
  */
 void
 process_new_outcomes(void)
@@ -62,8 +78,11 @@ process_new_outcomes(void)
         else
         {
             /* before the place is released: a slot with places held is never reclaimed */
-            od_endpoint_result(h->ref, &h->lim, od::endpoint_signal(o.verdict, o.http_status), o.http_status,
-                               o.latency_ms, o.error, probe, now);
+            TimestampTz failing_since = od_endpoint_result(h->ref, &h->lim, od::endpoint_signal(o.verdict, o.http_status),
+                                                           o.http_status, o.latency_ms, o.error, probe, now);
+
+            if (h->lim.disable_after_us > 0 && failing_since > 0 && now - failing_since >= h->lim.disable_after_us)
+                note_disable(s, failing_since, h->lim.disable_after_us);
         }
         od_endpoint_release(h->ref, 1);
         if (h->held > 0)
@@ -263,6 +282,32 @@ log_attempts(FinalizeBatch *fb)
     write_attempts(rows, n);
 }
 
+/*
+ * disable_after: an endpoint every attempt of which has failed for that
+ * long is disabled, with the reason, in the finalize's transaction (the
+ * endpoints_disabled trigger logs it and notifies at commit).  Several
+ * workers may find the same endpoint: the first one disables it.
+ */
+static void
+disable_failing_endpoints(void)
+{
+    int n = W.n_disable;
+
+    W.n_disable = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < W.n_wendpoints; k++)
+            if (W.wendpoints[k].ref.slot == W.disable_tags[i])
+            {
+                char *reason = psprintf(
+                    "every attempt failed for longer than disable_after (%s) since %s",
+                    DatumGetCString(DirectFunctionCall1(interval_out, od_us_to_interval(W.disable_after_us[i]))),
+                    timestamptz_to_str(W.disable_since[i]));
+
+                od_set_endpoint_enabled(W.wendpoints[k].id, false, reason);
+                break;
+            }
+}
+
 void
 finalize_run(FinalizeBatch *fb)
 {
@@ -276,6 +321,7 @@ finalize_run(FinalizeBatch *fb)
                      errhint("Fix the endpoint, then run SELECT outbox.resume_endpoint(%s).",
                              quote_literal_cstr(fb->gone[i]))));
     }
+    disable_failing_endpoints();
 }
 
 void

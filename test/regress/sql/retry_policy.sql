@@ -2,7 +2,8 @@
 -- retry_policy: endpoints.retry_schedule and endpoints.max_attempts — the
 -- ranges, and the attempt limit of the expired-lease paths (reap and
 -- takeover), which follow the endpoint: max_attempts, else one more than
--- the retry_schedule has delays, else the caller's (the GUC's) limit.
+-- the retry_schedule has delays, else the caller's (the GUC's) limit; and
+-- endpoints.disable_after (default 5 days, its range, endpoint_health).
 --
 \set SHOW_CONTEXT never
 TRUNCATE outbox.messages RESTART IDENTITY;
@@ -64,10 +65,22 @@ SELECT pg_sleep(0.2);
 SELECT count(*) AS claimed FROM outbox.claim('crash-3', 10, '100 ms', 10);
 SELECT endpoint, status, attempts, last_error FROM outbox.messages ORDER BY id;
 
--- monitors read both columns
+-- disable_after: 5 days unless set, null for never, 1 minute to 365 days
+SELECT name, disable_after FROM outbox.endpoints ORDER BY name;
+UPDATE outbox.endpoints SET disable_after = NULL WHERE name = 'plain' RETURNING disable_after IS NULL AS never;
+UPDATE outbox.endpoints SET disable_after = '1 minute' WHERE name = 'plain' RETURNING disable_after;
+UPDATE outbox.endpoints SET disable_after = '365 days' WHERE name = 'plain' RETURNING disable_after;
+UPDATE outbox.endpoints SET disable_after = '59 seconds' WHERE name = 'plain';
+UPDATE outbox.endpoints SET disable_after = '366 days' WHERE name = 'plain';
+UPDATE outbox.endpoints SET disable_after = '-1 day' WHERE name = 'plain';
+SELECT disable_after FROM outbox.endpoints WHERE name = 'plain';
+-- endpoint_health shows it, and since when every attempt has failed (null: not failing)
+SELECT endpoint, disable_after, failing_since FROM outbox.endpoint_health ORDER BY endpoint;
+
+-- monitors read the columns
 CREATE ROLE regress_rp_monitor IN ROLE outbox_monitor;
 SET ROLE regress_rp_monitor;
-SELECT name, retry_schedule, max_attempts FROM outbox.endpoints ORDER BY name;
+SELECT name, retry_schedule, max_attempts, disable_after FROM outbox.endpoints ORDER BY name;
 RESET ROLE;
 DROP ROLE regress_rp_monitor;
 
