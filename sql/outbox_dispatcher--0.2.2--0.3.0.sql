@@ -36,6 +36,8 @@
  *  - endpoints.disable_after (5 days for every endpoint, existing ones
  *    included), endpoint_health.failing_since, the endpoints_disabled
  *    trigger (LOG and NOTIFY outbox_endpoint_disabled).
+ *  - endpoints.proxy, client_cert, client_key: egress through a proxy,
+ *    TLS client authentication.
  */
 
 \echo Use "ALTER EXTENSION outbox_dispatcher UPDATE TO '0.3.0'" to load this file. \quit
@@ -474,6 +476,19 @@ CREATE TRIGGER endpoints_disabled
     EXECUTE FUNCTION @extschema@._endpoint_disabled();
 REVOKE ALL ON FUNCTION @extschema@._endpoint_disabled() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@._endpoint_disabled() TO outbox_admin;
+
+-- ---------------------------------------------------------------- egress: proxy and TLS client certificates
+ALTER TABLE @extschema@.endpoints
+    ADD COLUMN proxy       text,
+    ADD COLUMN client_cert text,
+    ADD COLUMN client_key  text;
+COMMENT ON COLUMN @extschema@.endpoints.proxy IS
+    'Proxy URL (http://, https://, socks5://, socks5h://; may hold credentials) for this endpoint; null: outbox_dispatcher.proxy; readable by outbox_admin only';
+COMMENT ON COLUMN @extschema@.endpoints.client_cert IS
+    'PEM certificate (chain) the workers present for TLS client authentication (mTLS), with client_key';
+COMMENT ON COLUMN @extschema@.endpoints.client_key IS
+    'PEM private key of client_cert; readable by outbox_admin only';
+GRANT SELECT (client_cert) ON @extschema@.endpoints TO outbox_monitor;
 
 -- ---------------------------------------------------------------- monitoring of fan-out and the attempt log
 CREATE OR REPLACE VIEW @extschema@.dead_letters AS

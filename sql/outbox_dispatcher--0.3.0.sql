@@ -165,6 +165,9 @@ CREATE TABLE @extschema@.endpoints (
     retry_schedule          @extschema@.retry_schedule,
     max_attempts            @extschema@.endpoint_max_attempts,
     disable_after           @extschema@.endpoint_disable_after DEFAULT interval '5 days',
+    proxy                   text,
+    client_cert             text,
+    client_key              text,
     CONSTRAINT endpoints_id_key UNIQUE (id)
 );
 
@@ -196,6 +199,12 @@ COMMENT ON COLUMN @extschema@.endpoints.max_attempts IS
     'Attempts a message gets at most; null: one more than the retry_schedule has delays, or outbox_dispatcher.max_attempts';
 COMMENT ON COLUMN @extschema@.endpoints.disable_after IS
     'Disable the endpoint once every attempt (every breaker failure, no success) has failed for this long; null: never';
+COMMENT ON COLUMN @extschema@.endpoints.proxy IS
+    'Proxy URL (http://, https://, socks5://, socks5h://; may hold credentials) for this endpoint; null: outbox_dispatcher.proxy; readable by outbox_admin only';
+COMMENT ON COLUMN @extschema@.endpoints.client_cert IS
+    'PEM certificate (chain) the workers present for TLS client authentication (mTLS), with client_key';
+COMMENT ON COLUMN @extschema@.endpoints.client_key IS
+    'PEM private key of client_cert; readable by outbox_admin only';
 
 -- The row checks that need code (URL, header names and values, secret
 -- format, timeout shorter than the lease; the domains above check the
@@ -960,7 +969,8 @@ GRANT SELECT ON @extschema@.queue_depth, @extschema@.health,
     TO outbox_monitor;
 GRANT SELECT (name, url, headers, timeout, max_in_flight, enabled, defer_statuses,
               created_at, updated_at, rate_limit, breaker_threshold, breaker_cooldown,
-              disabled_reason, id, previous_secret_until, retry_schedule, max_attempts, disable_after)
+              disabled_reason, id, previous_secret_until, retry_schedule, max_attempts, disable_after,
+              client_cert)
     ON @extschema@.endpoints TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION @extschema@._lost_leases(), @extschema@._worker_stats(),
     @extschema@._endpoint_health(), @extschema@._endpoints_unserved(),

@@ -123,7 +123,8 @@ od_header_lines_text(Datum d)
 static const char *const SQL_ENDPOINTS[2] = {
     SQL_ENDPOINTS_TEXT(""),
     SQL_ENDPOINTS_TEXT(", CASE WHEN e.previous_secret_until > now() THEN e.previous_signing_secret END,"
-                       " e.previous_secret_until, e.retry_schedule, e.max_attempts, e.disable_after")
+                       " e.previous_secret_until, e.retry_schedule, e.max_attempts, e.disable_after,"
+                       " e.proxy, e.client_cert, e.client_key")
 };
 
 int
@@ -204,6 +205,9 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
             r->max_attempts = isnull ? 0 : DatumGetInt32(d);
             d = SPI_getbinval(tup, desc, 17, &isnull);
             r->disable_after_us = isnull ? 0 : od_interval_us(DatumGetIntervalP(d));
+            r->proxy = SPI_getvalue(tup, desc, 18);
+            r->client_cert = SPI_getvalue(tup, desc, 19);
+            r->client_key = SPI_getvalue(tup, desc, 20);
         }
         MemoryContextSwitchTo(old);
     }

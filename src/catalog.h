@@ -85,6 +85,9 @@ typedef struct OdEndpointRow
     int    n_retry_schedule;
     int    max_attempts;               /* 0.3.0: 0 = not set */
     int64  disable_after_us;           /* 0.3.0: 0 = never */
+    char  *proxy;                      /* 0.3.0: NULL = outbox_dispatcher.proxy */
+    char  *client_cert;                /* 0.3.0: PEM; NULL = none */
+    char  *client_key;
     int64  timeout_ms; /* >= 1: a sub-millisecond timeout must not become curl's "none" */
     int    max_in_flight;
     int   *defer;

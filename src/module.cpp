@@ -16,6 +16,7 @@
 #include "outbox_dispatcher.h"
 #include "module.h"
 #include "core/validate.hpp"
+#include "core/netfilter.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -46,6 +47,10 @@ char                          *od_source = nullptr;
 char                          *od_message_id_prefix = nullptr;
 char                          *od_traceparent = nullptr;
 char                          *od_tracestate = nullptr;
+char                          *od_denied_networks = nullptr;
+char                          *od_allowed_networks = nullptr;
+char                          *od_proxy = nullptr;
+char                          *od_no_proxy = nullptr;
 int                            od_max_payload_bytes = 1024 * 1024;
 int                            od_max_header_bytes = 16384;
 int                            od_max_headers = 64;
@@ -177,6 +182,80 @@ od_check_tracestate(char **newval, void **extra, GucSource source)
     return od_check_trace_guc(newval, "outbox_dispatcher.tracestate", od::check_tracestate);
 }
 
+/* outbox_dispatcher.denied_networks and .allowed_networks: lists of networks (core/netfilter.hpp). */
+static bool
+od_check_networks(char **newval, const char *name)
+{
+    std::vector<od::NetRange> ranges;
+    const char               *problem = nullptr;
+
+    try
+    {
+        problem = od::parse_networks(*newval, ranges);
+    }
+    catch (...)
+    {
+        problem = "could not be parsed (out of memory)";
+    }
+    if (problem)
+    {
+        GUC_check_errmsg("%s %s", name, problem);
+        GUC_check_errdetail("Give networks as address/prefix (for instance 169.254.0.0/16 or fe80::/10), "
+                            "separated by commas.");
+        return false;
+    }
+    return true;
+}
+
+static bool
+od_check_denied_networks(char **newval, void **extra, GucSource source)
+{
+    return od_check_networks(newval, "outbox_dispatcher.denied_networks");
+}
+
+static bool
+od_check_allowed_networks(char **newval, void **extra, GucSource source)
+{
+    return od_check_networks(newval, "outbox_dispatcher.allowed_networks");
+}
+
+/* outbox_dispatcher.proxy: see od::check_proxy_url (the value is never quoted: it may hold a password). */
+static bool
+od_check_proxy(char **newval, void **extra, GucSource source)
+{
+    const char *problem;
+
+    if (*newval == nullptr || (*newval)[0] == '\0')
+        return true;
+    problem = od::check_proxy_url(*newval, strlen(*newval));
+    if (problem)
+    {
+        GUC_check_errmsg("outbox_dispatcher.proxy %s", problem);
+        return false;
+    }
+    return true;
+}
+
+/* outbox_dispatcher.no_proxy: a header-safe host list (libcurl's CURLOPT_NOPROXY syntax). */
+static bool
+od_check_no_proxy(char **newval, void **extra, GucSource source)
+{
+    if (*newval == nullptr || (*newval)[0] == '\0')
+        return true;
+    for (const char *p = *newval; *p; p++)
+        if ((unsigned char) *p < 0x20 || *p == 0x7f)
+        {
+            GUC_check_errmsg("outbox_dispatcher.no_proxy contains a control character");
+            return false;
+        }
+    if (strlen(*newval) > 4096)
+    {
+        GUC_check_errmsg("outbox_dispatcher.no_proxy is longer than 4096 bytes");
+        return false;
+    }
+    return true;
+}
+
 /* outbox_dispatcher.message_id_prefix: see od::check_id_prefix. */
 static bool
 od_check_message_id_prefix(char **newval, void **extra, GucSource source)
@@ -254,6 +333,22 @@ od_define_gucs(void)
                                "Sent before the message id in Idempotency-Key, ce-id and webhook-id (empty: the bare id).",
                                "Makes ids unique across databases that feed one receiver.", &od_message_id_prefix, "",
                                PGC_SIGHUP, 0, od_check_message_id_prefix, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.denied_networks",
+                               "Networks the workers never connect to, checked on the resolved address of every connection.",
+                               "Address/prefix list; the default covers 0.0.0.0/8 and link-local addresses (cloud metadata).",
+                               &od_denied_networks, od::kDefaultDeniedNetworks, PGC_SIGHUP, 0, od_check_denied_networks,
+                               NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.allowed_networks",
+                               "If not empty, the only networks the workers connect to (outside denied_networks).", NULL,
+                               &od_allowed_networks, "", PGC_SIGHUP, 0, od_check_allowed_networks, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.proxy",
+                               "Proxy every delivery goes through unless its endpoint names its own (empty: none).",
+                               "http://, https://, socks5:// or socks5h:// URL; the environment's http_proxy and the "
+                               "like are never used.",
+                               &od_proxy, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, od_check_proxy, NULL, NULL);
+    DefineCustomStringVariable("outbox_dispatcher.no_proxy",
+                               "Hosts reached directly despite a proxy (comma-separated names, domains or addresses; * for all).",
+                               NULL, &od_no_proxy, "", PGC_SIGHUP, 0, od_check_no_proxy, NULL, NULL);
     DefineCustomStringVariable("outbox_dispatcher.traceparent",
                                "W3C traceparent stored with the messages enqueued while it is set (SET LOCAL per transaction).",
                                "Sent as the traceparent header and the CloudEvents traceparent attribute of every attempt.",

@@ -25,6 +25,10 @@ extern char *od_source;
 extern char *od_message_id_prefix;
 extern char *od_traceparent; /* set per transaction by producers: captured at enqueue */
 extern char *od_tracestate;
+extern char *od_denied_networks;  /* egress: core/netfilter.hpp */
+extern char *od_allowed_networks;
+extern char *od_proxy; /* egress through a proxy (may hold credentials: superuser-only) */
+extern char *od_no_proxy;
 extern int   od_max_payload_bytes;
 extern int   od_max_header_bytes;
 extern int   od_max_headers;

@@ -569,6 +569,41 @@ endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
     if (!isnull)
         check_headers_object(DatumGetJsonbP(d), "endpoint headers");
 
+    /* 0.3.0: proxy, TLS client certificate and key (both or neither); errors never quote them */
+    if (SPI_fnumber(RelationGetDescr(trig->tg_relation), "proxy") > 0)
+    {
+        bool  cert_null, key_null;
+        Datum cert = column(trig, tup, "client_cert", &cert_null);
+        Datum key = column(trig, tup, "client_key", &key_null);
+
+        d = column(trig, tup, "proxy", &isnull);
+        if (!isnull)
+        {
+            text *t = DatumGetTextPP(d);
+
+            problem = od::check_proxy_url(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+            if (problem)
+                ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("proxy %s", problem)));
+        }
+        if (cert_null != key_null)
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("client_cert and client_key must be set together"),
+                     errdetail("TLS client authentication needs the certificate and its private key.")));
+        if (!cert_null)
+        {
+            text *t = DatumGetTextPP(cert);
+
+            problem = od::check_pem(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t), false);
+            if (problem)
+                ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("client_cert %s", problem)));
+            t = DatumGetTextPP(key);
+            problem = od::check_pem(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t), true);
+            if (problem)
+                ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("client_key %s", problem)));
+        }
+    }
+
     /* signing_secret, and (0.3.0) the one a rotation replaced */
     static const char *const secret_columns[2] = { "signing_secret", "previous_signing_secret" };
 

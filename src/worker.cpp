@@ -214,6 +214,16 @@ apply_settings(void)
     }
     catch (...)
     {}
+    try
+    {
+        /* both were checked when they were set */
+        od::parse_networks(od_denied_networks, s.egress.denied);
+        od::parse_networks(od_allowed_networks, s.egress.allowed);
+        s.proxy = od_proxy ? od_proxy : "";
+        s.no_proxy = od_no_proxy ? od_no_proxy : "";
+    }
+    catch (...)
+    {}
     s.max_attempts = od_max_attempts;
     s.backoff.base_ms = od_backoff_base_ms;
     s.backoff.cap_ms = od_backoff_cap_ms;

@@ -64,6 +64,13 @@ load_endpoint(const OdEndpointRow *r) noexcept
         e.defer_statuses.assign(r->defer, r->defer + r->ndefer);
         e.retry_schedule_ms.assign(r->retry_schedule_ms, r->retry_schedule_ms + r->n_retry_schedule);
         e.max_attempts = r->max_attempts;
+        if (r->proxy)
+            e.proxy = r->proxy;
+        if (r->client_cert && r->client_key)
+        {
+            e.client_cert = r->client_cert;
+            e.client_key = r->client_key;
+        }
         W.disp->add_endpoint(e);
     }
     catch (...)

@@ -22,7 +22,7 @@ PKGS=(g++ make pkg-config git ca-certificates procps
       postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-client-$PG_MAJOR
       libcurl4-openssl-dev libssl-dev libgtest-dev googletest
       libipc-run-perl perl
-      python3 curl bc
+      python3 curl bc openssl
       prometheus-postgres-exporter)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

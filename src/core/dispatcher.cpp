@@ -44,6 +44,7 @@ void Dispatcher::set_settings(const DispatcherSettings &s) noexcept {
     } catch (...) {
         /* keep the previous settings */
     }
+    engine_.set_address_filter(settings_.egress);
     apply_pool_size();
 }
 
@@ -178,8 +179,14 @@ void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
         if (built) {
             uint64_t tag = next_tag_++;
             sent_.emplace(tag, Sent{m.id, m.lease_version, m.lease_until_us, m.attempts, ep.cfg.name, m.endpoint_tag, unix_now_us()});
-            started =
-                engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_, ep.cfg.timeout_ms);
+            TransferOptions opts;
+            const std::string &proxy = ep.cfg.proxy.empty() ? settings_.proxy : ep.cfg.proxy;
+            opts.proxy = proxy.c_str();
+            opts.no_proxy = settings_.no_proxy.c_str();
+            opts.client_cert = &ep.cfg.client_cert;
+            opts.client_key = &ep.cfg.client_key;
+            started = engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_,
+                                     ep.cfg.timeout_ms, &opts);
             if (started)
                 ep.in_flight++;
             else

@@ -49,6 +49,9 @@ struct EndpointConfig {
     long timeout_ms = 10000;
     std::vector<int> defer_statuses;
     std::vector<int64_t> retry_schedule_ms; /* delays before each retry; empty = the settings' backoff */
+    std::string proxy;                      /* proxy URL; empty = the settings' proxy */
+    std::string client_cert;                /* PEM, TLS client authentication; empty = none */
+    std::string client_key;
     int max_attempts = 0;                   /* 0 = retry_schedule's length + 1, else the settings' */
 };
 
@@ -95,6 +98,9 @@ struct DeliveryOutcome {
 
 struct DispatcherSettings {
     WireSettings wire; /* ce-source, id prefix */
+    AddressFilter egress; /* networks connections may (not) go to */
+    std::string proxy;    /* every endpoint's proxy unless it names its own; empty = none */
+    std::string no_proxy; /* hosts reached directly all the same */
     int max_attempts = 12;
     BackoffPolicy backoff{1000, 300000};
     int64_t defer_delay_ms = 30000;

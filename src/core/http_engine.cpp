@@ -58,6 +58,9 @@ struct HttpEngine::Transfer {
     bool in_block = false;         /* a status line arrived, its empty line not yet */
     bool headers_complete = false; /* a final (>= 200) block has ended */
     int socket_errno = 0;          /* errno of a failed socket(), 0 if none */
+    const AddressFilter *filter = nullptr;
+    bool denied = false;      /* a connection was refused by the filter */
+    char denied_why[160];     /* why (the address and the list) */
 };
 
 namespace {
@@ -146,12 +149,18 @@ inline bool errno_is_local(long e) {
 }
 
 /*
- * libcurl's own socket() call plus two things: the errno of a failure is
- * kept for collect(), and the descriptor is close-on-exec (nothing a
- * worker might start should inherit a delivery connection).
+ * libcurl's own socket() call plus three things: the address is checked
+ * against the egress filter first, the errno of a failure is kept for
+ * collect(), and the descriptor is close-on-exec (nothing a worker might
+ * start should inherit a delivery connection).
  */
 extern "C" curl_socket_t od_curl_opensocket_cb(void *clientp, curlsocktype, struct curl_sockaddr *a) {
     auto *t = static_cast<HttpEngine::Transfer *>(clientp);
+    /* egress: the resolved address, whatever name led to it */
+    if (t->filter && !t->filter->allows(&a->addr, a->addrlen, t->denied_why, sizeof t->denied_why)) {
+        t->denied = true;
+        return CURL_SOCKET_BAD;
+    }
     int type = a->socktype;
 #ifdef SOCK_CLOEXEC
     type |= SOCK_CLOEXEC;
@@ -186,28 +195,60 @@ bool HttpEngine::init(const HttpEngineOptions &opts) noexcept {
             }
             global_init_done = true;
         }
-        multi_ = curl_multi_init();
-        if (!multi_) {
-            last_error_ = "curl_multi_init failed";
-            return false;
-        }
         if (opts.ca_file && *opts.ca_file) ca_file_ = opts.ca_file;
         user_agent_ = opts.user_agent ? opts.user_agent : "outbox_dispatcher";
-        curl_multi_setopt(multi_, CURLMOPT_SOCKETFUNCTION, od_curl_socket_cb);
-        curl_multi_setopt(multi_, CURLMOPT_SOCKETDATA, this);
-        curl_multi_setopt(multi_, CURLMOPT_TIMERFUNCTION, od_curl_timer_cb);
-        curl_multi_setopt(multi_, CURLMOPT_TIMERDATA, this);
-        curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, opts.max_connections);
-        return true;
+        max_connections_ = opts.max_connections;
+        return setup_multi();
     } catch (...) {
         last_error_ = "out of memory";
         return false;
     }
 }
 
+bool HttpEngine::setup_multi() noexcept {
+    multi_ = curl_multi_init();
+    if (!multi_) {
+        last_error_ = "curl_multi_init failed";
+        return false;
+    }
+    curl_multi_setopt(multi_, CURLMOPT_SOCKETFUNCTION, od_curl_socket_cb);
+    curl_multi_setopt(multi_, CURLMOPT_SOCKETDATA, this);
+    curl_multi_setopt(multi_, CURLMOPT_TIMERFUNCTION, od_curl_timer_cb);
+    curl_multi_setopt(multi_, CURLMOPT_TIMERDATA, this);
+    curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, max_connections_);
+    return true;
+}
+
+void HttpEngine::set_address_filter(const AddressFilter &f) noexcept {
+    try {
+        if (f == filter_) return;
+        filter_ = f;
+        retire_pool_ = true;
+    } catch (...) {
+        /* keep the previous lists */
+    }
+}
+
 bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::size_t body_len,
-                        const std::vector<std::string> &header_lines, long timeout_ms) noexcept {
+                        const std::vector<std::string> &header_lines, long timeout_ms,
+                        const TransferOptions *options) noexcept {
     Transfer *t = nullptr;
+    bool fresh = false;
+    if (retire_pool_) {
+        if (running_.empty()) {
+            /* nothing in flight: close every pooled connection with the multi handle */
+            curl_multi_cleanup(multi_);
+            multi_ = nullptr;
+            socket_what_.clear();
+            socket_list_.clear();
+            sockets_dirty_ = true;
+            deadline_us_ = -1;
+            if (!setup_multi()) return false;
+            retire_pool_ = false;
+        } else {
+            fresh = true; /* the pool may hold connections the new lists refuse */
+        }
+    }
     try {
         if (!idle_.empty()) {
             t = idle_.back();
@@ -233,6 +274,9 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         t->in_block = false;
         t->headers_complete = false;
         t->socket_errno = 0;
+        t->filter = &filter_;
+        t->denied = false;
+        t->denied_why[0] = '\0';
 
         curl_slist *hl = nullptr;
         for (const std::string &line : header_lines) {
@@ -262,9 +306,28 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
         curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
         /* "" disables proxies even when http_proxy/all_proxy/... are set in the environment */
-        curl_easy_setopt(e, CURLOPT_PROXY, "");
+        if (options && options->proxy && *options->proxy) {
+            curl_easy_setopt(e, CURLOPT_PROXY, options->proxy);
+            curl_easy_setopt(e, CURLOPT_PROXYTYPE, CURLPROXY_HTTP); /* unless the URL's scheme says otherwise */
+            curl_easy_setopt(e, CURLOPT_NOPROXY, options->no_proxy ? options->no_proxy : "");
+        } else {
+            curl_easy_setopt(e, CURLOPT_PROXY, "");
+        }
+        if (options && options->client_cert && !options->client_cert->empty() && options->client_key &&
+            !options->client_key->empty()) {
+            /* blobs are copied by libcurl; connections are reused only for the same certificate */
+            curl_blob cert{const_cast<char *>(options->client_cert->data()), options->client_cert->size(),
+                           CURL_BLOB_COPY};
+            curl_blob key{const_cast<char *>(options->client_key->data()), options->client_key->size(),
+                          CURL_BLOB_COPY};
+            curl_easy_setopt(e, CURLOPT_SSLCERT_BLOB, &cert);
+            curl_easy_setopt(e, CURLOPT_SSLCERTTYPE, "PEM");
+            curl_easy_setopt(e, CURLOPT_SSLKEY_BLOB, &key);
+            curl_easy_setopt(e, CURLOPT_SSLKEYTYPE, "PEM");
+        }
         curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, od_curl_opensocket_cb);
         curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, t);
+        if (fresh) curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
         curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms, 10000L));
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
@@ -411,7 +474,10 @@ void HttpEngine::collect() noexcept {
         r.curl_code = static_cast<int>(code);
         if (code != CURLE_OK) {
             const char *m = why ? why : t->errbuf[0] ? t->errbuf : curl_easy_strerror(code);
-            std::snprintf(r.error, sizeof r.error, "%s", m);
+            if (t->denied && code == CURLE_COULDNT_CONNECT)
+                std::snprintf(r.error, sizeof r.error, "connection refused by the dispatcher: %s", t->denied_why);
+            else
+                std::snprintf(r.error, sizeof r.error, "%s", m);
             r.status = 0; /* a partial response is a transport failure */
             long err = t->socket_errno != 0 ? t->socket_errno : os_errno;
             r.os_errno = static_cast<int>(err);
@@ -456,6 +522,7 @@ void HttpEngine::abort_all() noexcept {
 }
 
 void HttpEngine::set_max_connections(long n) noexcept {
+    max_connections_ = n;
     if (multi_) curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, n);
 }
 

@@ -11,9 +11,11 @@
  *
  * Connections are kept alive in the multi handle's pool and reused across
  * submits.  Safety settings on every transfer: no redirects, http/https
- * only, no proxy (http_proxy, all_proxy, ... in the environment of the
- * postmaster are ignored: deliveries must not be routed through whatever
- * the server was started with), TLS peer and host verification, connect
+ * only, no proxy but the one the transfer names (http_proxy, all_proxy, ...
+ * in the environment of the postmaster are ignored: deliveries must not be
+ * routed through whatever the server was started with), every connection's
+ * resolved address checked against the egress filter (netfilter.hpp: with a
+ * proxy, the proxy's), TLS peer and host verification, connect
  * and total timeouts, no signals, response bodies captured up to kBodyCap
  * bytes and the transfer cut off past kBodyAbort bytes (never buffered
  * whole).  A response is a response only once its header section is
@@ -31,6 +33,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "core/netfilter.hpp"
 
 namespace od {
 
@@ -58,6 +62,14 @@ struct HttpCompletion {
      */
     bool local_failure;
     int os_errno; /* errno of the failing socket call, 0 if none */
+};
+
+/* What one transfer adds to the engine's settings (submit()); nullptr members: none. */
+struct TransferOptions {
+    const char *proxy = nullptr;    /* proxy URL (CURLOPT_PROXY); nullptr or "": no proxy at all */
+    const char *no_proxy = nullptr; /* hosts reached directly despite the proxy (CURLOPT_NOPROXY) */
+    const std::string *client_cert = nullptr; /* PEM certificate (chain) for TLS client authentication */
+    const std::string *client_key = nullptr;  /* its PEM private key */
 };
 
 struct HttpSocket {
@@ -90,7 +102,8 @@ class HttpEngine {
      * a handle), never the endpoint's, so callers treat it as local.
      */
     bool submit(uint64_t tag, const char *url, const char *body, std::size_t body_len,
-                const std::vector<std::string> &header_lines, long timeout_ms) noexcept;
+                const std::vector<std::string> &header_lines, long timeout_ms,
+                const TransferOptions *options = nullptr) noexcept;
 
     std::size_t in_flight() const noexcept { return running_.size(); }
 
@@ -119,6 +132,15 @@ class HttpEngine {
      */
     void set_max_connections(long n) noexcept;
 
+    /*
+     * The networks connections may go to (checked on the resolved address
+     * of every connection opened: core/netfilter.hpp).  A change also
+     * retires the keep-alive pool: connections opened under the old lists
+     * are closed as soon as nothing is in flight, and until then every new
+     * transfer opens a fresh connection.
+     */
+    void set_address_filter(const AddressFilter &f) noexcept;
+
     /* libcurl callbacks (C linkage trampolines call these). */
     int socket_cb(int fd, int what) noexcept;
     int timer_cb(long timeout_ms) noexcept;
@@ -129,6 +151,7 @@ class HttpEngine {
     void collect() noexcept;
     void release(Transfer *t) noexcept;
     void destroy(Transfer *t) noexcept;
+    bool setup_multi() noexcept;
 
     void *multi_ = nullptr; /* CURLM * */
     std::string ca_file_;
@@ -142,6 +165,9 @@ class HttpEngine {
     bool sockets_dirty_ = true;
     int64_t deadline_us_ = -1; /* steady clock; -1 = none */
     int still_running_ = 0;
+    long max_connections_ = 256;
+    AddressFilter filter_;
+    bool retire_pool_ = false; /* the filter changed: the pool's connections predate it */
 };
 
 } // namespace od

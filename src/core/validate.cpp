@@ -8,6 +8,7 @@
 #include "core/validate.hpp"
 
 #include <cstring>
+#include <string>
 
 namespace od {
 namespace {
@@ -185,6 +186,49 @@ const char *check_header_value(const char *value, std::size_t len) {
         if ((c < 0x20 && c != '\t') || c == 0x7f) return "contains a control character";
     }
     return nullptr;
+}
+
+const char *check_proxy_url(const char *url, std::size_t len) noexcept {
+    static const char *const schemes[] = {"http://", "https://", "socks5://", "socks5h://"};
+    if (len > 2048) return "is longer than 2048 bytes";
+    for (std::size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(url[i]);
+        if (c <= 0x20 || c == 0x7f) return "must not contain spaces or control characters";
+    }
+    for (const char *s : schemes) {
+        std::size_t n = std::strlen(s);
+        if (len > n) {
+            bool same = true;
+            for (std::size_t i = 0; i < n && same; i++) {
+                char c = url[i];
+                if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+                same = c == s[i];
+            }
+            if (same) return nullptr;
+        }
+    }
+    return "must be an http://, https://, socks5:// or socks5h:// URL with a host";
+}
+
+const char *check_pem(const char *pem, std::size_t len, bool want_key) noexcept {
+    if (len > 65536) return "is longer than 64 KB";
+    if (std::memchr(pem, '\0', len) != nullptr) return "contains a NUL byte";
+    try {
+    std::string text(pem, len);
+    std::size_t at = 0;
+    while ((at = text.find("-----BEGIN ", at)) != std::string::npos) {
+        std::size_t end = text.find("-----", at + 11);
+        if (end == std::string::npos) break;
+        std::string label = text.substr(at + 11, end - at - 11);
+        if (!want_key && label == "CERTIFICATE") return nullptr;
+        if (want_key && label.size() >= 11 && label.compare(label.size() - 11, 11, "PRIVATE KEY") == 0) return nullptr;
+        at = end;
+    }
+    } catch (...) {
+        return "could not be checked (out of memory)";
+    }
+    return want_key ? "must be a PEM private key (-----BEGIN ... PRIVATE KEY-----)"
+                    : "must be a PEM certificate (-----BEGIN CERTIFICATE-----)";
 }
 
 const char *check_id_prefix(const char *prefix, std::size_t len) noexcept {

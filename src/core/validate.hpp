@@ -55,6 +55,21 @@ bool is_blank(const char *s, std::size_t len) noexcept;
  */
 const char *check_header_value(const char *value, std::size_t len);
 
+/*
+ * A proxy URL (endpoints.proxy, outbox_dispatcher.proxy): http://, https://,
+ * socks5:// or socks5h:// (scheme in any case) followed by a host, at most
+ * 2048 bytes, no whitespace or control characters.  The problem never quotes
+ * the value (it may hold a password).
+ */
+const char *check_proxy_url(const char *url, std::size_t len) noexcept;
+
+/*
+ * PEM text for TLS client authentication: at most 64 KB, no NUL, and with
+ * a "-----BEGIN <label>-----" line where label is "CERTIFICATE" (want_key
+ * false) or ends in "PRIVATE KEY" (want_key true).  Never quotes the value.
+ */
+const char *check_pem(const char *pem, std::size_t len, bool want_key) noexcept;
+
 /* Longest outbox_dispatcher.message_id_prefix, in bytes. */
 constexpr std::size_t kMaxIdPrefixBytes = 64;
 

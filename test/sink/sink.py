@@ -609,6 +609,7 @@ class Handler(BaseHTTPRequestHandler):
                 pass
             return
 
+        raw_target = target  # absolute-form when the request came through a proxy
         if target.startswith("http://") or target.startswith("https://"):
             slash = target.find("/", target.find("//") + 2)
             target = target[slash:] if slash >= 0 else "/"
@@ -619,11 +620,11 @@ class Handler(BaseHTTPRequestHandler):
             except BadRequest as e:
                 self._send_json(e.status, {"error": str(e)})
             return
-        self.sink(method, path, query, headers, hl, body, t)
+        self.sink(method, path, query, headers, hl, body, t, raw_target)
 
     # ---- recorded (non-control) requests --------------------------------
 
-    def sink(self, method, path, query, headers, hl, body, t):
+    def sink(self, method, path, query, headers, hl, body, t, target):
         st = self.server.state
         key = hl.get("idempotency-key")
         rest = json.dumps(
@@ -631,6 +632,7 @@ class Handler(BaseHTTPRequestHandler):
                 "path": path,
                 "query": query,
                 "method": method,
+                "target": target,
                 "headers": headers,
                 "headers_lc": hl,
                 "body": body.decode("utf-8", "replace"),

@@ -338,6 +338,46 @@ TEST_F(HttpEngineTest, ConnectionRefused) {
     EXPECT_NE(done[0].curl_code, 0);
 }
 
+TEST_F(HttpEngineTest, EgressFilterChecksTheResolvedAddressAndRetiresThePool) {
+    std::string url = server.url("/ok");
+    ASSERT_TRUE(engine.submit(1, url.c_str(), "{}", 2, {}, 5000));
+    auto done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, 200);
+    int before = server.connections();
+
+    od::AddressFilter deny;
+    ASSERT_EQ(od::parse_networks("127.0.0.0/8, ::1", deny.denied), nullptr);
+    engine.set_address_filter(deny);
+    // the pooled connection is not reused: it was opened under the old lists
+    ASSERT_TRUE(engine.submit(2, url.c_str(), "{}", 2, {}, 5000));
+    done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, 0);
+    EXPECT_NE(done[0].curl_code, 0);
+    EXPECT_FALSE(done[0].local_failure);
+    EXPECT_NE(std::string(done[0].error).find("connection refused by the dispatcher: 127.0.0.1 is in "
+                                              "outbox_dispatcher.denied_networks"),
+              std::string::npos)
+        << done[0].error;
+    EXPECT_EQ(server.connections(), before); // nothing reached the server
+
+    od::AddressFilter only_elsewhere;
+    ASSERT_EQ(od::parse_networks("10.0.0.0/8", only_elsewhere.allowed), nullptr);
+    engine.set_address_filter(only_elsewhere);
+    ASSERT_TRUE(engine.submit(3, url.c_str(), "{}", 2, {}, 5000));
+    done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, 0);
+    EXPECT_NE(std::string(done[0].error).find("is not in outbox_dispatcher.allowed_networks"), std::string::npos);
+
+    engine.set_address_filter(od::AddressFilter{});
+    ASSERT_TRUE(engine.submit(4, url.c_str(), "{}", 2, {}, 5000));
+    done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, 200);
+}
+
 TEST_F(HttpEngineTest, HugeBodyIsCappedNotBuffered) {
     ASSERT_TRUE(engine.submit(1, server.url("/huge").c_str(), "{}", 2, {}, 5000));
     auto done = run_until(engine, 1);

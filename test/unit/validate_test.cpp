@@ -332,4 +332,39 @@ TEST(TraceContext, Tracestate) {
     EXPECT_STREQ(ts("a=" + std::string(511, 'x')), "is longer than 512 bytes");
 }
 
+TEST(Egress, ProxyUrl) {
+    auto px = [](const std::string &v) { return od::check_proxy_url(v.data(), v.size()); };
+    EXPECT_EQ(px("http://proxy.internal:3128"), nullptr);
+    EXPECT_EQ(px("HTTPS://user:secret@proxy:443"), nullptr);
+    EXPECT_EQ(px("socks5h://127.0.0.1:1080"), nullptr);
+    EXPECT_EQ(px("socks5://[::1]:1080"), nullptr);
+    EXPECT_NE(px("ftp://proxy"), nullptr);
+    EXPECT_NE(px("proxy:3128"), nullptr);
+    EXPECT_NE(px("http://"), nullptr);
+    EXPECT_NE(px("http://a b"), nullptr);
+    EXPECT_NE(px("http://a\r\nX: y"), nullptr);
+    EXPECT_STREQ(px("http://" + std::string(2100, 'a')), "is longer than 2048 bytes");
+    // never quotes the value
+    const char *p = px("gopher://user:hunter2@x");
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(std::string(p).find("hunter2"), std::string::npos);
+}
+
+TEST(Egress, Pem) {
+    const std::string cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    const std::string key = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n";
+    const std::string eckey = "-----BEGIN EC PRIVATE KEY-----\nMHc\n-----END EC PRIVATE KEY-----\n";
+    EXPECT_EQ(od::check_pem(cert.data(), cert.size(), false), nullptr);
+    EXPECT_EQ(od::check_pem(key.data(), key.size(), true), nullptr);
+    EXPECT_EQ(od::check_pem(eckey.data(), eckey.size(), true), nullptr);
+    EXPECT_NE(od::check_pem(key.data(), key.size(), false), nullptr);
+    EXPECT_NE(od::check_pem(cert.data(), cert.size(), true), nullptr);
+    EXPECT_NE(od::check_pem("MIIB", 4, false), nullptr);
+    std::string nul = cert;
+    nul[5] = '\0';
+    EXPECT_STREQ(od::check_pem(nul.data(), nul.size(), false), "contains a NUL byte");
+    std::string big(70000, 'A');
+    EXPECT_STREQ(od::check_pem(big.data(), big.size(), false), "is longer than 64 KB");
+}
+
 } // namespace
