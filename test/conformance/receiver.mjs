@@ -18,6 +18,7 @@
 //   verified      {secret index: true|false}  new Webhook(secret).verify(rawBody, headers)
 //   verify_error  {secret index: message}     for the false ones
 //   ce            HTTP.toEvent({headers, body}): id type source subject time specversion data
+//                 traceparent tracestate (the distributed-tracing extension attributes)
 //   ce_error      message when the SDK could not parse the request
 //   ce_decoded    id type source subject after the header-value decoding of the
 //                 CloudEvents HTTP binding 3.1.3.2 (the SDK does not do it: it
@@ -108,7 +109,7 @@ function handle(req, body)
 	{
 		const ev = HTTP.toEvent({ headers: req.headers, body: body.toString('utf8') });
 		rec.ce = {};
-		for (const k of ['id', 'type', 'source', 'subject', 'time', 'specversion', 'data'])
+		for (const k of ['id', 'type', 'source', 'subject', 'time', 'specversion', 'data', 'traceparent', 'tracestate'])
 			rec.ce[k] = ev[k] ?? null;
 		rec.ce_error = null;
 	}

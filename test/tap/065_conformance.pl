@@ -27,7 +27,10 @@
 #   3. outbox_dispatcher.message_id_prefix: webhook-id, Idempotency-Key and
 #      ce-id are prefix || id, and the signature (over the prefixed id) still
 #      verifies.
-# Parts 2 and 3 fail (not skip) when the function or parameter is missing.
+#   4. a trace context set with SET LOCAL outbox_dispatcher.traceparent/
+#      .tracestate reaches the SDK as the distributed-tracing extension
+#      attributes and arrives as the W3C headers.
+# Parts 2 to 4 fail (not skip) when the function or parameter is missing.
 #
 # Run: see 010_delivery.pl; needs node and test/conformance/node_modules.
 use strict;
@@ -298,6 +301,30 @@ if (ok($has_prefix eq 't', 'parameter outbox_dispatcher.message_id_prefix exists
 	}
 	psql('ALTER SYSTEM RESET outbox_dispatcher.message_id_prefix');
 	$node->reload;
+}
+
+# ------------------------------------------------------------------ 4. trace context
+# SET LOCAL outbox_dispatcher.traceparent/.tracestate in the producer's
+# transaction: the SDK sees them as the distributed-tracing extension
+# attributes, and the W3C headers arrive as they were set.
+my $has_trace = psql(q{SELECT current_setting('outbox_dispatcher.traceparent', true) IS NOT NULL});
+if (ok($has_trace eq 't', 'parameter outbox_dispatcher.traceparent exists'))
+{
+	my $tp = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+	my $ts = 'congo=t61rcWkgMzE, rojo=00f067aa0ba902b7';
+	my $id = psql(qq{BEGIN;
+SET LOCAL outbox_dispatcher.traceparent = '$tp';
+SET LOCAL outbox_dispatcher.tracestate = '$ts';
+SELECT outbox.enqueue('order', '4001', 'order.traced', '{"n": 7}', 'signed');
+COMMIT;});
+	my $rq = delivered('', { id => $id });
+	my $r = $rq->{$id};
+	is($r->{ce}{traceparent}, $tp, "$id: the SDK reads the traceparent extension attribute");
+	is($r->{raw_headers}{traceparent}, $tp, "$id: traceparent header");
+	is($r->{raw_headers}{tracestate}, $ts, "$id: tracestate header");
+	is($r->{raw_headers}{'ce-tracestate'}, 'congo=t61rcWkgMzE,%20rojo=00f067aa0ba902b7',
+		"$id: ce-tracestate percent-encoded on the wire");
+	check_signatures("trace context, $id", $r, $id, @current);
 }
 
 kill('TERM', $receiver_pid);
