@@ -124,7 +124,7 @@ static const char *const SQL_ENDPOINTS[2] = {
     SQL_ENDPOINTS_TEXT(""),
     SQL_ENDPOINTS_TEXT(", CASE WHEN e.previous_secret_until > now() THEN e.previous_signing_secret END,"
                        " e.previous_secret_until, e.retry_schedule, e.max_attempts, e.disable_after,"
-                       " e.proxy, e.client_cert, e.client_key")
+                       " e.proxy, e.client_cert, e.client_key, e.updated_at")
 };
 
 int
@@ -208,6 +208,8 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
             r->proxy = SPI_getvalue(tup, desc, 18);
             r->client_cert = SPI_getvalue(tup, desc, 19);
             r->client_key = SPI_getvalue(tup, desc, 20);
+            d = SPI_getbinval(tup, desc, 21, &isnull);
+            r->updated_at = isnull ? 0 : DatumGetTimestampTz(d);
         }
         MemoryContextSwitchTo(old);
     }

@@ -85,6 +85,7 @@ typedef struct OdEndpointRow
     int    n_retry_schedule;
     int    max_attempts;               /* 0.3.0: 0 = not set */
     int64  disable_after_us;           /* 0.3.0: 0 = never */
+    TimestampTz updated_at;            /* 0.3.0: the row's last change */
     char  *proxy;                      /* 0.3.0: NULL = outbox_dispatcher.proxy */
     char  *client_cert;                /* 0.3.0: PEM; NULL = none */
     char  *client_key;

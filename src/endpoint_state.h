@@ -16,6 +16,7 @@ typedef struct OdEndpointLimits
     int    breaker_threshold;   /* consecutive failures that open the breaker */
     int64  breaker_cooldown_us; /* first open period; doubles per trip */
     int64  disable_after_us;    /* disable the endpoint once it has failed for this long; 0 = never */
+    TimestampTz changed_at;     /* endpoints.updated_at: a change (resume_endpoint too) restarts that measure */
 } OdEndpointLimits;
 
 /*

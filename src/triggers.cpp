@@ -680,12 +680,12 @@ od_endpoint_check_v030(PG_FUNCTION_ARGS)
  * endpoints_disabled (0.3.0): AFTER UPDATE OF enabled, for each row that
  * went from enabled to disabled, whoever did it (a 410 Gone, disable_after,
  * pause_endpoint(), a plain UPDATE).  Logs it and sends, at commit, a
- * NOTIFY on outbox_endpoint_disabled with a JSON payload: endpoint, id,
- * reason (its first 1000 bytes), disabled_at, disabled_by (the role).
+ * NOTIFY on outbox_endpoint_disabled with a JSON payload: endpoint name and
+ * reason (the first 500 bytes of each), disabled_at, disabled_by (the role).
  * Nothing secret is in it: any role of the database may LISTEN.
  */
 #define OD_DISABLED_CHANNEL "outbox_endpoint_disabled"
-#define OD_DISABLED_REASON_BYTES 1000
+#define OD_DISABLED_TEXT_BYTES 500 /* name and reason each: the payload stays far below NOTIFY's 8000 bytes */
 
 extern "C" Datum
 od_endpoint_disabled_trigger(PG_FUNCTION_ARGS)
@@ -713,12 +713,17 @@ od_endpoint_disabled_trigger(PG_FUNCTION_ARGS)
     if (!isnull)
     {
         reason = TextDatumGetCString(d);
-        reason[pg_mbcliplen(reason, strlen(reason), OD_DISABLED_REASON_BYTES)] = '\0';
+        reason[pg_mbcliplen(reason, strlen(reason), OD_DISABLED_TEXT_BYTES)] = '\0';
     }
 
     initStringInfo(&buf);
     appendStringInfoString(&buf, "{\"endpoint\": ");
-    escape_json(&buf, name);
+    {
+        char *clipped = pstrdup(name);
+
+        clipped[pg_mbcliplen(clipped, strlen(clipped), OD_DISABLED_TEXT_BYTES)] = '\0';
+        escape_json(&buf, clipped);
+    }
     appendStringInfo(&buf, ", \"id\": " INT64_FORMAT ", \"reason\": ", id);
     if (reason)
         escape_json(&buf, reason);

@@ -202,6 +202,7 @@ refresh_endpoints(void)
             w->lim.breaker_threshold = rows[i].breaker_threshold;
             w->lim.breaker_cooldown_us = rows[i].breaker_cooldown_ms * 1000;
             w->lim.disable_after_us = rows[i].disable_after_us;
+            w->lim.changed_at = rows[i].updated_at;
             W.n_wendpoints++;
         }
         W.endpoints_stale = false;

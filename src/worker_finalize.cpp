@@ -81,6 +81,9 @@ process_new_outcomes(void)
             TimestampTz failing_since = od_endpoint_result(h->ref, &h->lim, od::endpoint_signal(o.verdict, o.http_status),
                                                            o.http_status, o.latency_ms, o.error, probe, now);
 
+            /* failing since the later of the first failure and the endpoint's last change (a resume) */
+            if (failing_since > 0 && h->lim.changed_at > failing_since)
+                failing_since = h->lim.changed_at;
             if (h->lim.disable_after_us > 0 && failing_since > 0 && now - failing_since >= h->lim.disable_after_us)
                 note_disable(s, failing_since, h->lim.disable_after_us);
         }

@@ -59,6 +59,7 @@ struct HttpEngine::Transfer {
     bool headers_complete = false; /* a final (>= 200) block has ended */
     int socket_errno = 0;          /* errno of a failed socket(), 0 if none */
     const AddressFilter *filter = nullptr;
+    std::string proxy;        /* the proxy URL used, to keep it (and its password) out of error texts */
     bool denied = false;      /* a connection was refused by the filter */
     char denied_why[160];     /* why (the address and the list) */
 };
@@ -173,6 +174,23 @@ extern "C" curl_socket_t od_curl_opensocket_cb(void *clientp, curlsocktype, stru
     return static_cast<curl_socket_t>(fd);
 }
 
+/*
+ * The proxy URL may carry a password, and libcurl quotes it whole in some
+ * errors ("Unsupported proxy syntax in '...'"): every occurrence becomes
+ * "<proxy>".
+ */
+void redact(char *text, std::size_t cap, const std::string &secret) noexcept {
+    if (secret.empty()) return;
+    try {
+        std::string s(text);
+        bool changed = false;
+        for (std::size_t at; (at = s.find(secret)) != std::string::npos; changed = true) s.replace(at, secret.size(), "<proxy>");
+        if (changed) std::snprintf(text, cap, "%s", s.c_str());
+    } catch (...) {
+        std::snprintf(text, cap, "%s", "transport error (message withheld: it may quote the proxy URL)");
+    }
+}
+
 } // namespace
 
 HttpEngine::~HttpEngine() {
@@ -275,6 +293,7 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         t->headers_complete = false;
         t->socket_errno = 0;
         t->filter = &filter_;
+        t->proxy.assign(options && options->proxy ? options->proxy : "");
         t->denied = false;
         t->denied_why[0] = '\0';
 
@@ -332,7 +351,10 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms, 10000L));
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
-        if (!ca_file_.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_file_.c_str());
+        if (!ca_file_.empty()) {
+            curl_easy_setopt(e, CURLOPT_CAINFO, ca_file_.c_str());
+            curl_easy_setopt(e, CURLOPT_PROXY_CAINFO, ca_file_.c_str()); /* an https:// proxy too */
+        }
         curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
         curl_easy_setopt(e, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
         curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
@@ -478,6 +500,7 @@ void HttpEngine::collect() noexcept {
                 std::snprintf(r.error, sizeof r.error, "connection refused by the dispatcher: %s", t->denied_why);
             else
                 std::snprintf(r.error, sizeof r.error, "%s", m);
+            redact(r.error, sizeof r.error, t->proxy);
             r.status = 0; /* a partial response is a transport failure */
             long err = t->socket_errno != 0 ? t->socket_errno : os_errno;
             r.os_errno = static_cast<int>(err);
@@ -486,7 +509,7 @@ void HttpEngine::collect() noexcept {
              * what libcurl reports for a response header over its 100 KB
              * limit — the endpoint's doing, charged like any transport error.
              */
-            r.local_failure = errno_is_local(err);
+            r.local_failure = !t->denied && errno_is_local(err); /* a refusal is the configuration's, not a shortage */
         }
         curl_multi_remove_handle(multi_, e);
         running_.erase(it);

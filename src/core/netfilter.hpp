@@ -27,8 +27,14 @@ struct NetRange {
     bool operator==(const NetRange &o) const noexcept;
 };
 
-/* The default of outbox_dispatcher.denied_networks: "this" network, link-local v4 (cloud metadata) and v6. */
-constexpr const char *kDefaultDeniedNetworks = "0.0.0.0/8, 169.254.0.0/16, fe80::/10";
+/*
+ * The default of outbox_dispatcher.denied_networks: "this" network and the
+ * unspecified v6 address (both reach the local host), link-local v4 (cloud
+ * metadata at 169.254.169.254) and v6, and the metadata services outside
+ * them (AWS's IPv6 fd00:ec2::254, Alibaba Cloud's 100.100.100.200).
+ */
+constexpr const char *kDefaultDeniedNetworks =
+    "0.0.0.0/8, ::/128, 169.254.0.0/16, fe80::/10, fd00:ec2::254/128, 100.100.100.200/32";
 /* Networks a list may hold at most. */
 constexpr std::size_t kMaxNetworks = 256;
 

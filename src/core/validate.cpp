@@ -8,6 +8,8 @@
 #include "core/validate.hpp"
 
 #include <cstring>
+
+#include <curl/curl.h>
 #include <string>
 
 namespace od {
@@ -204,7 +206,21 @@ const char *check_proxy_url(const char *url, std::size_t len) noexcept {
                 if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
                 same = c == s[i];
             }
-            if (same) return nullptr;
+            if (same) {
+                /* parsed as libcurl will parse it: a URL it cannot use would be quoted whole in its error */
+                CURLU *u = curl_url();
+                if (u == nullptr) return "could not be checked (out of memory)";
+                char copy[2049];
+                std::memcpy(copy, url, len);
+                copy[len] = '\0';
+                CURLUcode rc = curl_url_set(u, CURLUPART_URL, copy, CURLU_NON_SUPPORT_SCHEME);
+                char *host = nullptr;
+                if (rc == CURLUE_OK) rc = curl_url_get(u, CURLUPART_HOST, &host, 0);
+                bool ok = rc == CURLUE_OK && host != nullptr && host[0] != '\0';
+                curl_free(host);
+                curl_url_cleanup(u);
+                return ok ? nullptr : "is not a valid URL (host, port)";
+            }
         }
     }
     return "must be an http://, https://, socks5:// or socks5h:// URL with a host";
@@ -221,7 +237,11 @@ const char *check_pem(const char *pem, std::size_t len, bool want_key) noexcept 
         if (end == std::string::npos) break;
         std::string label = text.substr(at + 11, end - at - 11);
         if (!want_key && label == "CERTIFICATE") return nullptr;
-        if (want_key && label.size() >= 11 && label.compare(label.size() - 11, 11, "PRIVATE KEY") == 0) return nullptr;
+        if (want_key && label.size() >= 11 && label.compare(label.size() - 11, 11, "PRIVATE KEY") == 0) {
+            if (label.find("ENCRYPTED") != std::string::npos || text.find("Proc-Type: 4,ENCRYPTED") != std::string::npos)
+                return "must not be encrypted (there is no passphrase setting)";
+            return nullptr;
+        }
         at = end;
     }
     } catch (...) {

@@ -10,7 +10,8 @@
 #     its messages left pending; endpoint_health.failing_since is set while it
 #     fails and outbox_endpoint_failing_seconds counts up in metrics();
 #   - an endpoint that failed too but then succeeded (its failing_since
-#     cleared) is not disabled;
+#     cleared) is not disabled; resume_endpoint() restarts the measure (the
+#     resumed endpoint keeps failing and is not disabled again at once);
 #   - every disable is announced on the channel outbox_endpoint_disabled with
 #     a JSON payload (endpoint, id, reason, disabled_at, disabled_by) and
 #     logged: by disable_after, by a 410 Gone, by pause_endpoint(), by a
@@ -115,6 +116,17 @@ is($node->safe_psql('postgres', q{SELECT enabled FROM outbox.endpoints WHERE nam
 like(slurp_file($node->logfile, $log_offset), qr/LOG:\s+outbox_dispatcher: endpoint "down" disabled: every attempt failed/,
 	'server log: the disable is logged');
 
+# resume_endpoint() starts the measure again: the next failures do not disable it at once
+$node->safe_psql('postgres', q{SELECT outbox.resume_endpoint('down')});
+ok(poll_until($node, q{SELECT attempts > 0 AND status <> 'processing' FROM outbox.messages WHERE endpoint = 'down'}, 't', 10),
+	'down: resumed, its message is attempted again');
+my $fails_before = $node->safe_psql('postgres', q{SELECT failed FROM outbox.endpoint_health WHERE endpoint = 'down'});
+ok(poll_until($node, "SELECT failed > $fails_before + 3 FROM outbox.endpoint_health WHERE endpoint = 'down'", 't', 20),
+	'down: failing again after the resume');
+is($node->safe_psql('postgres', q{SELECT enabled FROM outbox.endpoints WHERE name = 'down'}), 't',
+	'down: still enabled: the resume restarted the disable_after measure');
+$node->safe_psql('postgres', q{SELECT outbox.pause_endpoint('down', 'done with it')});
+
 # 410 Gone, pause_endpoint(), a plain UPDATE: each announced
 my $gone_id = $node->safe_psql('postgres', q{SELECT outbox.enqueue('order', 'g', 'order.created', '{}', 'gone')});
 ok(poll_until($node, q{SELECT enabled FROM outbox.endpoints WHERE name = 'gone'}, 'f', 20), 'gone: disabled by its 410');
@@ -127,13 +139,13 @@ $node->safe_psql('postgres', q{BEGIN; SELECT outbox.pause_endpoint('calm'); ROLL
 
 my @n;
 my $deadline = time + 10;
-do { @n = notifications() } while (@n < 4 && time < $deadline);
-is(scalar @n, 4, 'four notifications on outbox_endpoint_disabled') or diag($lout, $lerr);
+do { @n = notifications() } while (@n < 5 && time < $deadline);
+is(scalar @n, 5, 'five notifications on outbox_endpoint_disabled (down twice)') or diag($lout, $lerr);
 my %by;
 for my $payload (@n)
 {
 	my ($ep) = $payload =~ /"endpoint": "([^"]+)"/;
-	$by{$ep // '?'} = $payload;
+	$by{$ep // '?'} //= $payload;    # the first of each
 }
 like($by{down} // '', qr/"id": \d+, "reason": "every attempt failed for longer than disable_after/, 'down: payload has id and reason');
 like($by{down} // '', qr/"disabled_at": "\d{4}-\d\d-\d\d [^"]+", "disabled_by": "[^"]+"\}$/, 'down: payload has disabled_at and disabled_by');

@@ -47,7 +47,7 @@ TEST(NetFilter, ParsesListsAndRefusesGarbage) {
     EXPECT_EQ(od::parse_networks("  , ,", r), nullptr);
     EXPECT_TRUE(r.empty());
     EXPECT_EQ(od::parse_networks(od::kDefaultDeniedNetworks, r), nullptr);
-    EXPECT_EQ(r.size(), 3u);
+    EXPECT_EQ(r.size(), 6u);
     EXPECT_EQ(od::parse_networks("10.0.0.0/8 192.168.0.0/16,::1, 10.1.2.3", r), nullptr);
     ASSERT_EQ(r.size(), 4u);
     EXPECT_EQ(r[2].family, 6);
@@ -75,6 +75,11 @@ TEST(NetFilter, DefaultDeniesMetadataAndLinkLocalOnly) {
     EXPECT_FALSE(allows(f, v6("fe80::1")));
     EXPECT_FALSE(allows(f, v6("febf::1")));
     EXPECT_TRUE(allows(f, v6("fec0::1")));
+    EXPECT_FALSE(allows(f, v6("::")));
+    EXPECT_FALSE(allows(f, v6("fd00:ec2::254")));
+    EXPECT_TRUE(allows(f, v6("fd00:ec2::253")));
+    EXPECT_FALSE(allows(f, v4("100.100.100.200")));
+    EXPECT_TRUE(allows(f, v4("100.100.100.201")));
     EXPECT_TRUE(allows(f, v4("127.0.0.1")));
     EXPECT_TRUE(allows(f, v4("10.0.0.1")));
     EXPECT_TRUE(allows(f, v4("169.253.255.255")));

@@ -344,6 +344,10 @@ TEST(Egress, ProxyUrl) {
     EXPECT_NE(px("http://a b"), nullptr);
     EXPECT_NE(px("http://a\r\nX: y"), nullptr);
     EXPECT_STREQ(px("http://" + std::string(2100, 'a')), "is longer than 2048 bytes");
+    // what libcurl could not use is refused here, not quoted in a later error
+    EXPECT_STREQ(px("http://user:hunter2@proxy:99999"), "is not a valid URL (host, port)");
+    EXPECT_STREQ(px("http://user:hunter2@[::1"), "is not a valid URL (host, port)");
+    EXPECT_EQ(px("http://user:hunter2@proxy:3128"), nullptr);
     // never quotes the value
     const char *p = px("gopher://user:hunter2@x");
     ASSERT_NE(p, nullptr);
@@ -360,6 +364,10 @@ TEST(Egress, Pem) {
     EXPECT_NE(od::check_pem(key.data(), key.size(), false), nullptr);
     EXPECT_NE(od::check_pem(cert.data(), cert.size(), true), nullptr);
     EXPECT_NE(od::check_pem("MIIB", 4, false), nullptr);
+    const std::string enc = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIF\n-----END ENCRYPTED PRIVATE KEY-----\n";
+    const std::string legacy = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: x\n\nMIIE\n-----END RSA PRIVATE KEY-----\n";
+    EXPECT_STREQ(od::check_pem(enc.data(), enc.size(), true), "must not be encrypted (there is no passphrase setting)");
+    EXPECT_STREQ(od::check_pem(legacy.data(), legacy.size(), true), "must not be encrypted (there is no passphrase setting)");
     std::string nul = cert;
     nul[5] = '\0';
     EXPECT_STREQ(od::check_pem(nul.data(), nul.size(), false), "contains a NUL byte");
