@@ -78,13 +78,16 @@ process_new_outcomes(void)
         else
         {
             /* before the place is released: a slot with places held is never reclaimed */
-            TimestampTz failing_since = od_endpoint_result(h->ref, &h->lim, od::endpoint_signal(o.verdict, o.http_status),
-                                                           o.http_status, o.latency_ms, o.error, probe, now);
+            od::EndpointSignal sig = od::endpoint_signal(o.verdict, o.http_status);
+            TimestampTz        failing_since =
+                od_endpoint_result(h->ref, &h->lim, sig, o.http_status, o.latency_ms, o.error, probe, now);
 
             /* failing since the later of the first failure and the endpoint's last change (a resume) */
             if (failing_since > 0 && h->lim.changed_at > failing_since)
                 failing_since = h->lim.changed_at;
-            if (h->lim.disable_after_us > 0 && failing_since > 0 && now - failing_since >= h->lim.disable_after_us)
+            /* only a failure disables: a neutral answer (4xx, defer) neither starts nor ends the measure */
+            if (sig == od::EndpointSignal::Failure && h->lim.disable_after_us > 0 && failing_since > 0 &&
+                now - failing_since >= h->lim.disable_after_us)
                 note_disable(s, failing_since, h->lim.disable_after_us);
         }
         od_endpoint_release(h->ref, 1);
