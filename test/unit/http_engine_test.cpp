@@ -378,6 +378,28 @@ TEST_F(HttpEngineTest, EgressFilterChecksTheResolvedAddressAndRetiresThePool) {
     EXPECT_EQ(done[0].status, 200);
 }
 
+TEST_F(HttpEngineTest, ProxyUrlNeverReachesTheErrorText) {
+    // a proxy URL libcurl cannot use is quoted whole in its error: the engine replaces it
+    const std::string proxy = "http://user:hunter2@[::1";
+    od::TransferOptions opts;
+    opts.proxy = proxy.c_str();
+    ASSERT_TRUE(engine.submit(1, server.url("/ok").c_str(), "{}", 2, {}, 2000, &opts));
+    auto done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_NE(done[0].curl_code, 0);
+    EXPECT_EQ(std::string(done[0].error).find("hunter2"), std::string::npos) << done[0].error;
+    // and a usable one routes the request: the loopback server answers as the proxy
+    const std::string via = server.url("");
+    opts.proxy = via.c_str();
+    ASSERT_TRUE(engine.submit(2, "http://target.invalid/ok", "{}", 2, {}, 2000, &opts));
+    done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, 200);
+    auto reqs = server.requests();
+    ASSERT_FALSE(reqs.empty());
+    EXPECT_EQ(reqs.back().rfind("POST http://target.invalid/ok HTTP/1.1\r\n", 0), 0u) << reqs.back().substr(0, 80);
+}
+
 TEST_F(HttpEngineTest, HugeBodyIsCappedNotBuffered) {
     ASSERT_TRUE(engine.submit(1, server.url("/huge").c_str(), "{}", 2, {}, 5000));
     auto done = run_until(engine, 1);
