@@ -118,6 +118,19 @@ note_latency(double ms)
  * finalized again.
  */
 
+/*
+ * The endpoint behind a slot tag, as this worker last loaded it (NULL if
+ * none): endpoints are identified by their slot's key, never by a name.
+ */
+static const WorkerEndpoint *
+endpoint_of_tag(int tag)
+{
+    for (int k = 0; k < W.n_wendpoints; k++)
+        if (W.wendpoints[k].ref.slot == tag)
+            return &W.wendpoints[k];
+    return nullptr;
+}
+
 bool
 finalize_prepare(FinalizeBatch *fb)
 {
@@ -159,28 +172,15 @@ finalize_prepare(FinalizeBatch *fb)
             it->refund = g.refund;
             it->delay_us = g.delay_ms * 1000;
             it->error = g.error;
-            /* the endpoint is identified by its slot's key, never by a name prefix */
-            for (int k = 0; k < W.n_wendpoints; k++)
-                if (W.wendpoints[k].ref.slot == o.endpoint_tag)
-                {
-                    fb->gone[fb->n_gone] = MemoryContextStrdup(W.cycle_ctx, W.wendpoints[k].name);
-                    fb->gone_id[fb->n_gone] = W.wendpoints[k].id;
-                    fb->n_gone++;
-                    break;
-                }
+            if (const WorkerEndpoint *w = endpoint_of_tag(o.endpoint_tag))
+            {
+                fb->gone[fb->n_gone] = MemoryContextStrdup(W.cycle_ctx, w->name);
+                fb->gone_id[fb->n_gone] = w->id;
+                fb->n_gone++;
+            }
         }
     }
     return true;
-}
-
-/* the name of the endpoint behind a slot tag, as this worker last loaded it */
-static const char *
-endpoint_of_tag(int tag)
-{
-    for (int k = 0; k < W.n_wendpoints; k++)
-        if (W.wendpoints[k].ref.slot == tag)
-            return W.wendpoints[k].name;
-    return "(unknown)";
 }
 
 /*
@@ -258,7 +258,11 @@ log_attempts(FinalizeBatch *fb)
         r->message_id = o.id;
         r->lease_version = o.lease_version;
         r->attempt = o.attempts;
-        r->endpoint = endpoint_of_tag(o.endpoint_tag);
+        {
+            const WorkerEndpoint *w = endpoint_of_tag(o.endpoint_tag);
+
+            r->endpoint = w ? w->name : "(unknown)";
+        }
         r->worker = W.worker_index;
         r->started_at = od_from_unix_micros(o.started_unix_us);
         r->duration_ms = o.latency_ms;
@@ -301,17 +305,12 @@ disable_failing_endpoints(void)
 
     W.n_disable = 0;
     for (int i = 0; i < n; i++)
-        for (int k = 0; k < W.n_wendpoints; k++)
-            if (W.wendpoints[k].ref.slot == W.disable_tags[i])
-            {
-                char *reason = psprintf(
-                    "every attempt failed for longer than disable_after (%s) since %s",
-                    DatumGetCString(DirectFunctionCall1(interval_out, od_us_to_interval(W.disable_after_us[i]))),
-                    timestamptz_to_str(W.disable_since[i]));
-
-                od_set_endpoint_enabled(W.wendpoints[k].id, false, reason);
-                break;
-            }
+        if (const WorkerEndpoint *w = endpoint_of_tag(W.disable_tags[i]))
+            od_set_endpoint_enabled(
+                w->id, false,
+                psprintf("every attempt failed for longer than disable_after (%s) since %s",
+                         DatumGetCString(DirectFunctionCall1(interval_out, od_us_to_interval(W.disable_after_us[i]))),
+                         timestamptz_to_str(W.disable_since[i])));
 }
 
 void
