@@ -432,6 +432,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status, body=b"", headers=(), close=False, head=False, content_length=None):
         """Write a complete response with a single sendall()."""
+        self._leave()  # a recorded request is no longer in flight once its answer goes out
         out = ["HTTP/1.1 %d %s\r\nServer: od-sink/1\r\nDate: %s\r\n"
                % (status, reason_phrase(status), http_date())]
         for k, v in headers:
@@ -642,9 +643,19 @@ class Handler(BaseHTTPRequestHandler):
             ensure_ascii=False,
         ).encode("utf-8", "surrogatepass")
         seq, cfg, status, failing, mode, delay = st.record(path, key, rest, t)
+        # in flight until its answer starts going out: a client may send its
+        # next request on this connection as soon as the answer is complete,
+        # before a decrement after the write would have run
+        self._counted = True
         try:
             self._answer(method, cfg, status, failing, mode, seq, delay)
         finally:
+            self._leave()
+
+    def _leave(self):
+        if getattr(self, "_counted", False):
+            self._counted = False
+            st = self.server.state
             with st.lock:
                 st.in_flight -= 1
 
