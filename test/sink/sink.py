@@ -96,6 +96,8 @@ Control API (JSON in / JSON out):
       requests answered 2xx only (decided on arrival).  random_failures /
       random_delays count fail_ratio / delay_ratio hits.  With ?path= the id
       figures are for that path only (the random_* counters are global).
+      in_flight = recorded requests whose answer has not started to go out
+      (hang, close and reset ones until they end).
   GET  /_control/ids[?path=/p][&ok=1]  {idempotency_key: count}
       with ok=1: counts of the requests answered 2xx only (keys with none
       are left out)
