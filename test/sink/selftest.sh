@@ -189,6 +189,12 @@ eq "$(pyjson "$(ctl_get stats)" 'j["total"], j["distinct_ids"]')" "(0, 0)" "stat
 eq "$(C -o /dev/null -w '%{http_code}' -d '{}' "$U/s500")" 200 "scripts cleared by reset"
 eq "$(pyjson "$(ctl_get requests)" '[r["seq"] for r in j]')" "[1]" "seq restarts after reset"
 
+# ---- body_seq: %SEQ% in the body becomes the request's seq ----------------------
+script '{"path":"/tok","body_seq":true,"body":"{\"access_token\":\"t-%SEQ%\"}"}'
+b1=$(C -d 'grant_type=client_credentials' "$U/tok"); b2=$(C -d 'grant_type=client_credentials' "$U/tok")
+[ "$b1" != "$b2" ] && grep -q '"t-[0-9]*"' <<<"$b1" || fail "body_seq: $b1 / $b2"
+eq "$(C -o /dev/null -w '%{http_code}' -d '{"path":"/x","body_seq":"maybe"}' "$U/_control/script")" 400 "body_seq must be a boolean"
+
 # ---- fail_ratio / delay_ratio / seed (random failure modes) --------------------
 # everything fails at ratio 1 (with Retry-After, like a fail_first failure)
 script '{"path":"/r1","fail_ratio":1,"fail_status":429,"retry_after":"2"}'

@@ -58,6 +58,8 @@ Control API (JSON in / JSON out):
                      "huge_body"  answer `status` with a body of body_bytes
                               bytes (default 8 MiB), streamed in 64 KiB chunks
         body         response body string for `status` responses (default "{}")
+        body_seq     true: every %SEQ% in body becomes the request's seq (a
+                     token endpoint handing out a new token per request)
         headers      extra response headers {name: value}
         fail_ratio   0..1: each request that fail_first does not already fail
                      independently fails with this probability: answered with
@@ -150,6 +152,7 @@ SCRIPT_DEFAULTS = {
     "delay_ratio": 0,
     "delay_ratio_ms": 0,
     "seed": None,
+    "body_seq": False,
 }
 NO_BODY_STATUSES = (204, 304)
 QUIET_ERRORS = (ConnectionError, TimeoutError, socket.timeout, OSError)
@@ -252,6 +255,11 @@ def validate_script(doc):
         if isinstance(cfg["retry_after"], bool) or not isinstance(cfg["retry_after"], (str, int, float)):
             raise BadRequest(400, "retry_after must be a string (or number)")
         cfg["retry_after"] = str(cfg["retry_after"])
+    if isinstance(cfg["body_seq"], str):  # "1"/"0" from Perl scalars
+        cfg["body_seq"] = {"1": True, "true": True, "0": False, "false": False}.get(cfg["body_seq"], cfg["body_seq"])
+    if not isinstance(cfg["body_seq"], (bool, int)) or cfg["body_seq"] not in (True, False, 0, 1):
+        raise BadRequest(400, "body_seq must be a boolean")
+    cfg["body_seq"] = bool(cfg["body_seq"])
     for name in ("location", "body", "content_type"):
         if cfg[name] is not None and not isinstance(cfg[name], str):
             raise BadRequest(400, "%s must be a string" % name)
@@ -723,8 +731,10 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[: len(body) // 2])
             self.close_connection = True
             return
-        body = (cfg["body"] if cfg["body"] is not None else "{}").encode("utf-8")
-        self._send(status, body, hdrs, head=head)
+        text = cfg["body"] if cfg["body"] is not None else "{}"
+        if cfg["body_seq"]:
+            text = text.replace("%SEQ%", str(seq))
+        self._send(status, text.encode("utf-8"), hdrs, head=head)
 
     def _hang(self):
         """Never answer; drain the socket until the client closes it."""
