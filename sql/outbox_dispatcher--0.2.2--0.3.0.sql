@@ -36,6 +36,8 @@
  *  - endpoints.disable_after (5 days for every endpoint, existing ones
  *    included), endpoint_health.failing_since, the endpoints_disabled
  *    trigger (LOG and NOTIFY outbox_endpoint_disabled).
+ *  - endpoints.oauth_token_url, oauth_client_id, oauth_client_secret,
+ *    oauth_scope: OAuth 2.0 client credentials (Authorization: Bearer).
  *  - endpoints.proxy, client_cert, client_key: egress through a proxy,
  *    TLS client authentication.
  */
@@ -489,6 +491,22 @@ COMMENT ON COLUMN @extschema@.endpoints.client_cert IS
 COMMENT ON COLUMN @extschema@.endpoints.client_key IS
     'PEM private key of client_cert; readable by outbox_admin only';
 GRANT SELECT (client_cert) ON @extschema@.endpoints TO outbox_monitor;
+
+-- ---------------------------------------------------------------- OAuth 2.0 client credentials
+ALTER TABLE @extschema@.endpoints
+    ADD COLUMN oauth_token_url     text,
+    ADD COLUMN oauth_client_id     text,
+    ADD COLUMN oauth_client_secret text,
+    ADD COLUMN oauth_scope         text;
+COMMENT ON COLUMN @extschema@.endpoints.oauth_token_url IS
+    'OAuth 2.0 token endpoint (http:// or https://): deliveries carry a client-credentials access token as Authorization: Bearer; with oauth_client_id and oauth_client_secret';
+COMMENT ON COLUMN @extschema@.endpoints.oauth_client_id IS
+    'OAuth 2.0 client id (sent with the secret as HTTP Basic authentication to oauth_token_url)';
+COMMENT ON COLUMN @extschema@.endpoints.oauth_client_secret IS
+    'OAuth 2.0 client secret; readable by outbox_admin only';
+COMMENT ON COLUMN @extschema@.endpoints.oauth_scope IS
+    'Space-separated scopes asked for in the token request; null: none';
+GRANT SELECT (oauth_token_url, oauth_client_id, oauth_scope) ON @extschema@.endpoints TO outbox_monitor;
 
 -- ---------------------------------------------------------------- monitoring of fan-out and the attempt log
 CREATE OR REPLACE VIEW @extschema@.dead_letters AS

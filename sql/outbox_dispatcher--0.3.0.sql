@@ -168,6 +168,10 @@ CREATE TABLE @extschema@.endpoints (
     proxy                   text,
     client_cert             text,
     client_key              text,
+    oauth_token_url         text,
+    oauth_client_id         text,
+    oauth_client_secret     text,
+    oauth_scope             text,
     CONSTRAINT endpoints_id_key UNIQUE (id)
 );
 
@@ -205,6 +209,14 @@ COMMENT ON COLUMN @extschema@.endpoints.client_cert IS
     'PEM certificate (chain) the workers present for TLS client authentication (mTLS), with client_key';
 COMMENT ON COLUMN @extschema@.endpoints.client_key IS
     'PEM private key of client_cert; readable by outbox_admin only';
+COMMENT ON COLUMN @extschema@.endpoints.oauth_token_url IS
+    'OAuth 2.0 token endpoint (http:// or https://): deliveries carry a client-credentials access token as Authorization: Bearer; with oauth_client_id and oauth_client_secret';
+COMMENT ON COLUMN @extschema@.endpoints.oauth_client_id IS
+    'OAuth 2.0 client id (sent with the secret as HTTP Basic authentication to oauth_token_url)';
+COMMENT ON COLUMN @extschema@.endpoints.oauth_client_secret IS
+    'OAuth 2.0 client secret; readable by outbox_admin only';
+COMMENT ON COLUMN @extschema@.endpoints.oauth_scope IS
+    'Space-separated scopes asked for in the token request; null: none';
 
 -- The row checks that need code (URL, header names and values, secret
 -- format, timeout shorter than the lease; the domains above check the
@@ -970,7 +982,7 @@ GRANT SELECT ON @extschema@.queue_depth, @extschema@.health,
 GRANT SELECT (name, url, headers, timeout, max_in_flight, enabled, defer_statuses,
               created_at, updated_at, rate_limit, breaker_threshold, breaker_cooldown,
               disabled_reason, id, previous_secret_until, retry_schedule, max_attempts, disable_after,
-              client_cert)
+              client_cert, oauth_token_url, oauth_client_id, oauth_scope)
     ON @extschema@.endpoints TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION @extschema@._lost_leases(), @extschema@._worker_stats(),
     @extschema@._endpoint_health(), @extschema@._endpoints_unserved(),

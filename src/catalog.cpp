@@ -124,7 +124,8 @@ static const char *const SQL_ENDPOINTS[2] = {
     SQL_ENDPOINTS_TEXT(""),
     SQL_ENDPOINTS_TEXT(", CASE WHEN e.previous_secret_until > now() THEN e.previous_signing_secret END,"
                        " e.previous_secret_until, e.retry_schedule, e.max_attempts, e.disable_after,"
-                       " e.proxy, e.client_cert, e.client_key, e.updated_at")
+                       " e.proxy, e.client_cert, e.client_key, e.updated_at,"
+                       " e.oauth_token_url, e.oauth_client_id, e.oauth_client_secret, e.oauth_scope")
 };
 
 int
@@ -210,6 +211,10 @@ od_read_endpoints(int schema, MemoryContext cxt, OdEndpointRow **out)
             r->client_key = SPI_getvalue(tup, desc, 20);
             d = SPI_getbinval(tup, desc, 21, &isnull);
             r->updated_at = isnull ? 0 : DatumGetTimestampTz(d);
+            r->oauth_token_url = SPI_getvalue(tup, desc, 22);
+            r->oauth_client_id = SPI_getvalue(tup, desc, 23);
+            r->oauth_client_secret = SPI_getvalue(tup, desc, 24);
+            r->oauth_scope = SPI_getvalue(tup, desc, 25);
         }
         MemoryContextSwitchTo(old);
     }

@@ -89,6 +89,10 @@ typedef struct OdEndpointRow
     char  *proxy;                      /* 0.3.0: NULL = outbox_dispatcher.proxy */
     char  *client_cert;                /* 0.3.0: PEM; NULL = none */
     char  *client_key;
+    char  *oauth_token_url;            /* 0.3.0: OAuth client credentials; NULL = none */
+    char  *oauth_client_id;
+    char  *oauth_client_secret;
+    char  *oauth_scope;
     int64  timeout_ms; /* >= 1: a sub-millisecond timeout must not become curl's "none" */
     int    max_in_flight;
     int   *defer;

@@ -24,13 +24,27 @@
  * workers no longer serve when the table is full; every call presents the
  * generation its reference was made under.
  *
+ * OAuth.  One access token per endpoint for all workers, with the hash of
+ * the client configuration it was obtained for (a worker whose
+ * configuration differs neither uses nor keeps it).  The first worker that
+ * needs a fetch (no token, refresh_at passed, or a 401 rejected the
+ * current generation) takes it for the endpoint's timeout plus a second;
+ * the others keep sending the current token meanwhile, or wait for the new
+ * one.  A failed fetch backs the next one off (core/oauth.hpp
+ * token_retry_delay_ms) and bumps token_failed_seq, which tells every
+ * worker to give up on the messages it holds waiting for a token.
+ *
  * Locking: od_shared->endpoint_lock (exclusive) only to assign or reclaim a
  * slot; every other access holds the slot's spinlock for a few instructions
- * and calls nothing while holding it.
+ * and calls nothing while holding it (a token, at most 4 KB, is copied
+ * under it only when its generation is new to the reader).
  */
 #include "outbox_dispatcher.h"
 #include "endpoint_state.h"
 #include "module.h"
+#include "core/oauth.hpp"
+
+static_assert(OD_MAX_ACCESS_TOKEN == od::kMaxAccessToken, "one token size");
 
 extern "C" {
 #include "mb/pg_wchar.h"
@@ -56,6 +70,17 @@ static inline bool
 current(const OdEndpointSlot *e, OdEndpointRef ref)
 {
     return e->used && e->generation == ref.generation;
+}
+
+/* Drop the slot's access token (token_next_generation keeps counting). */
+static void
+forget_token(OdEndpointSlot *e)
+{
+    explicit_bzero(e->token, sizeof(e->token));
+    e->token_len = 0;
+    e->token_generation = 0;
+    e->token_refresh_at = 0;
+    e->token_usable_until = 0;
 }
 
 static void
@@ -88,6 +113,13 @@ init_slot(OdEndpointSlot *e, Oid relid, int64 id, const char *label)
     e->delivered = e->failed = 0;
     e->latency_count = e->latency_sum_us = e->latency_max_us = 0;
     memset(e->latency_buckets, 0, sizeof(e->latency_buckets));
+    forget_token(e);
+    e->token_client = 0;
+    e->token_fetch_until = 0;
+    e->token_next_fetch = 0;
+    e->token_failures = 0;
+    e->token_failed_seq = 0;
+    e->token_error[0] = '\0';
     e->used = true;
 }
 
@@ -426,4 +458,128 @@ od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointS
     failing_since = e->failing_since;
     SpinLockRelease(&e->mutex);
     return failing_since;
+}
+
+/* ---------------------------------------------------------------- OAuth */
+
+bool
+od_endpoint_token_read(OdEndpointRef ref, uint64 client, uint64 have_generation, OdTokenView *v, char *buf,
+                       int *len)
+{
+    OdEndpointSlot *e = slot_of(ref);
+    bool            copied = false;
+
+    memset(v, 0, sizeof(*v));
+    *len = 0;
+    if (e == nullptr)
+        return false;
+    SpinLockAcquire(&e->mutex);
+    if (current(e, ref))
+    {
+        bool mine = e->token_client == client;
+
+        v->generation = mine ? e->token_generation : 0;
+        v->refresh_at = mine ? e->token_refresh_at : 0;
+        v->usable_until = mine ? e->token_usable_until : 0;
+        v->fetch_until = e->token_fetch_until;
+        v->next_fetch = mine ? e->token_next_fetch : 0;
+        v->failed_seq = e->token_failed_seq;
+        memcpy(v->error, e->token_error, sizeof(v->error));
+        if (v->generation != 0 && v->generation != have_generation)
+        {
+            memcpy(buf, e->token, e->token_len);
+            *len = e->token_len;
+            copied = true;
+        }
+    }
+    SpinLockRelease(&e->mutex);
+    return copied;
+}
+
+bool
+od_endpoint_token_claim(OdEndpointRef ref, TimestampTz now, TimestampTz until)
+{
+    OdEndpointSlot *e = slot_of(ref);
+    bool            taken = false;
+
+    if (e == nullptr)
+        return false;
+    SpinLockAcquire(&e->mutex);
+    if (current(e, ref) && e->token_fetch_until <= now)
+    {
+        e->token_fetch_until = until;
+        taken = true;
+    }
+    SpinLockRelease(&e->mutex);
+    return taken;
+}
+
+uint64
+od_endpoint_token_store(OdEndpointRef ref, uint64 client, const char *token, int len, TimestampTz refresh_at,
+                        TimestampTz usable_until)
+{
+    OdEndpointSlot *e = slot_of(ref);
+    uint64          gen = 0;
+
+    if (e == nullptr || len <= 0 || len > OD_MAX_ACCESS_TOKEN)
+        return 0;
+    SpinLockAcquire(&e->mutex);
+    if (current(e, ref))
+    {
+        forget_token(e);
+        memcpy(e->token, token, len);
+        e->token_len = len;
+        e->token_client = client;
+        e->token_generation = gen = ++e->token_next_generation;
+        e->token_refresh_at = refresh_at;
+        e->token_usable_until = usable_until;
+        e->token_fetch_until = 0;
+        e->token_next_fetch = 0;
+        e->token_failures = 0;
+        e->token_error[0] = '\0';
+    }
+    SpinLockRelease(&e->mutex);
+    return gen;
+}
+
+void
+od_endpoint_token_failed(OdEndpointRef ref, uint64 client, const char *error, TimestampTz now)
+{
+    OdEndpointSlot *e = slot_of(ref);
+
+    if (e == nullptr)
+        return;
+    SpinLockAcquire(&e->mutex);
+    if (current(e, ref))
+    {
+        if (e->token_client != client)
+        {
+            forget_token(e); /* another client's token: not ours to keep */
+            e->token_client = client;
+            e->token_failures = 0;
+        }
+        e->token_failures = Min(e->token_failures + 1, 1000);
+        e->token_next_fetch = now + od::token_retry_delay_ms(e->token_failures) * 1000;
+        e->token_fetch_until = 0;
+        e->token_failed_seq++;
+        strlcpy(e->token_error, error, sizeof(e->token_error));
+    }
+    SpinLockRelease(&e->mutex);
+}
+
+void
+od_endpoint_token_reject(OdEndpointRef ref, uint64 generation)
+{
+    OdEndpointSlot *e = slot_of(ref);
+
+    if (e == nullptr)
+        return;
+    SpinLockAcquire(&e->mutex);
+    /* only the generation rejected: a 401 for an older token does not drop a newer one */
+    if (current(e, ref) && e->token_generation == generation)
+    {
+        e->token_refresh_at = 0;
+        e->token_usable_until = 0;
+    }
+    SpinLockRelease(&e->mutex);
 }

@@ -69,4 +69,33 @@ extern void od_endpoint_release(OdEndpointRef ref, int n);
 extern TimestampTz od_endpoint_result(OdEndpointRef ref, const OdEndpointLimits *lim, od::EndpointSignal r, int http_status,
                                double latency_ms, const char *error, bool probe, TimestampTz now);
 
+/*
+ * OAuth client credentials: the endpoint's shared access token.  client is
+ * the hash of the worker's client configuration (token URL, id, secret,
+ * scope): a token obtained for another one is not reported.
+ */
+typedef struct OdTokenView
+{
+    uint64      generation;   /* of the token held for this client; 0: none */
+    TimestampTz refresh_at;   /* fetch a new one from then */
+    TimestampTz usable_until; /* and stop sending this one then */
+    TimestampTz fetch_until;  /* a worker is fetching until then (if in the future) */
+    TimestampTz next_fetch;   /* after failed fetches: none before then */
+    uint64      failed_seq;   /* bumped by every failed fetch */
+    char        error[200];   /* why the last fetch failed */
+} OdTokenView;
+
+/* Read the token state; the token itself (into buf, OD_MAX_ACCESS_TOKEN bytes) only if its generation is not have_generation. */
+extern bool   od_endpoint_token_read(OdEndpointRef ref, uint64 client, uint64 have_generation, OdTokenView *v,
+                                     char *buf, int *len);
+/* Become the worker that fetches, until then; false if another one is. */
+extern bool   od_endpoint_token_claim(OdEndpointRef ref, TimestampTz now, TimestampTz until);
+/* A fetched token for all workers; returns its generation (0: stale ref). */
+extern uint64 od_endpoint_token_store(OdEndpointRef ref, uint64 client, const char *token, int len,
+                                      TimestampTz refresh_at, TimestampTz usable_until);
+/* A fetch failed (error: no secret in it): back off the next one. */
+extern void   od_endpoint_token_failed(OdEndpointRef ref, uint64 client, const char *error, TimestampTz now);
+/* A 401 answered a request sent with this generation: refresh it (once, whoever reports it first). */
+extern void   od_endpoint_token_reject(OdEndpointRef ref, uint64 generation);
+
 #endif /* OUTBOX_DISPATCHER_ENDPOINT_STATE_H */

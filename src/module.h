@@ -116,6 +116,9 @@ typedef enum OdBreakerState
     OD_BREAKER_HALF_OPEN
 } OdBreakerState;
 
+/* core/oauth.hpp kMaxAccessToken */
+#define OD_MAX_ACCESS_TOKEN 4096
+
 typedef struct OdEndpointSlot
 {
     slock_t     mutex;
@@ -148,6 +151,23 @@ typedef struct OdEndpointSlot
     uint64      latency_sum_us;
     uint64      latency_max_us;
     uint64      latency_buckets[OD_LATENCY_BUCKETS];
+    /*
+     * OAuth client credentials (endpoint_state.cpp, "OAuth"): the access
+     * token all workers send, for the client whose configuration hashes to
+     * token_client.
+     */
+    uint64      token_client;      /* hash of token_url, client_id, client_secret, scope */
+    uint64      token_generation;  /* of the token held; 0: none */
+    uint64      token_next_generation;
+    TimestampTz token_refresh_at;
+    TimestampTz token_usable_until;
+    TimestampTz token_fetch_until; /* a worker is fetching until then; 0: nobody */
+    TimestampTz token_next_fetch;  /* after failed fetches: none before then */
+    int         token_failures;    /* consecutive failed fetches */
+    uint64      token_failed_seq;  /* bumped by every failed fetch */
+    char        token_error[200];  /* why the last fetch failed (never a secret) */
+    int         token_len;
+    char        token[OD_MAX_ACCESS_TOKEN];
 } OdEndpointSlot;
 
 typedef struct OdShared

@@ -166,6 +166,24 @@ check_header_safe_text(TriggerData *trig, HeapTuple tup, const char *colname, bo
     od_check_header_safe_value(d, colname, allow_empty);
 }
 
+/* Does the JSON object have a key equal to name (ASCII case-insensitive)? */
+static bool
+jsonb_has_key_ci(Jsonb *jb, const char *name)
+{
+    JsonbIterator     *it;
+    JsonbValue         v;
+    JsonbIteratorToken tok;
+    size_t             n = strlen(name);
+
+    if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
+        return false;
+    it = JsonbIteratorInit(&jb->root);
+    while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+        if (tok == WJB_KEY && (size_t) v.val.string.len == n && pg_strncasecmp(v.val.string.val, name, n) == 0)
+            return true;
+    return false;
+}
+
 /*
  * headers must be a JSON object whose values are all strings; names must be
  * header tokens not reserved by the dispatcher, values free of CR/LF and
@@ -601,6 +619,60 @@ endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
             problem = od::check_pem(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t), true);
             if (problem)
                 ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("client_key %s", problem)));
+        }
+    }
+
+    /*
+     * 0.3.0: OAuth 2.0 client credentials: token URL, client id and secret
+     * together, the scope optional; the workers set Authorization, so the
+     * endpoint's headers may not.  Errors never quote the id, secret or scope.
+     */
+    if (SPI_fnumber(RelationGetDescr(trig->tg_relation), "oauth_token_url") > 0)
+    {
+        static const char *const parts[4] = { "oauth_token_url", "oauth_client_id", "oauth_client_secret",
+                                              "oauth_scope" };
+        Datum                    v[4];
+        bool                     vnull[4];
+
+        for (int i = 0; i < 4; i++)
+            v[i] = column(trig, tup, parts[i], &vnull[i]);
+        if (vnull[0] != vnull[1] || vnull[1] != vnull[2] || (vnull[0] && !vnull[3]))
+            ereport(ERROR,
+                    (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                     errmsg("oauth_token_url, oauth_client_id and oauth_client_secret must be set together"),
+                     errdetail("OAuth 2.0 client credentials need the token URL, the client id and the client secret; "
+                               "oauth_scope is optional.")));
+        if (!vnull[0])
+        {
+            text *t = DatumGetTextPP(v[0]);
+
+            problem = od::check_url(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+            if (problem)
+            {
+                size_t len = VARSIZE_ANY_EXHDR(t);
+                char  *shown = (char *) palloc(len + 8);
+
+                od::redact_url(VARDATA_ANY(t), len, shown, len + 8);
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("oauth_token_url %s", problem),
+                         errdetail("The URL given is \"%s\".", printable(shown, strlen(shown))),
+                         errhint("Only http:// and https:// URLs are supported.")));
+            }
+            for (int i = 1; i < 4; i++)
+            {
+                if (vnull[i])
+                    continue;
+                t = DatumGetTextPP(v[i]);
+                problem = od::check_oauth_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t), i == 3);
+                if (problem)
+                    ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s %s", parts[i], problem)));
+            }
+            d = column(trig, tup, "headers", &isnull);
+            if (!isnull && jsonb_has_key_ci(DatumGetJsonbP(d), "authorization"))
+                ereport(ERROR,
+                        (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                         errmsg("endpoint headers must not set Authorization when oauth_token_url is set"),
+                         errdetail("The workers send the OAuth 2.0 access token as \"Authorization: Bearer\".")));
         }
     }
 

@@ -532,6 +532,7 @@ od_worker_main(Datum arg)
             set_state(OD_STATE_PAUSED);
 
         now = GetCurrentTimestamp();
+        step_tokens(now);
         step_pump(now);
         if (od::finalize_now(observe(now)))
             do_finalize();
@@ -543,6 +544,13 @@ od_worker_main(Datum arg)
 
         step_wait();
         W.disp->collect(od_unix_seconds(GetCurrentTimestamp()));
+        if (W.n_oauth > 0)
+        {
+            /* a 401 queued a message again, or a token arrived: send before sleeping */
+            now = GetCurrentTimestamp();
+            step_tokens(now);
+            step_pump(now);
+        }
         process_new_outcomes();
     }
 }

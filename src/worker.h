@@ -68,6 +68,8 @@ typedef struct WorkerEndpoint
     int64            id; /* stable key of the shared state */
     OdEndpointRef    ref;
     OdEndpointLimits lim;
+    uint64           oauth_client; /* hash of its OAuth client configuration; 0: no OAuth */
+    int64            timeout_ms;   /* its request timeout (the token request's too) */
 } WorkerEndpoint;
 
 /*
@@ -137,6 +139,8 @@ typedef struct OdWorker
     int                 n_wendpoints;
     int                 pipeline_cap;         /* messages worth holding at once; 0 = batch_size */
     bool                endpoints_stale;      /* a slot changed hands: refresh */
+    int                 n_oauth;              /* of them with OAuth client credentials */
+    char                token_buf[OD_MAX_ACCESS_TOKEN]; /* a token on its way from the shared slot */
     uint64              endpoints_generation; /* od_shared->endpoints_generation at the last reload */
 
     /* the ledger: places held in the shared endpoint slots */
@@ -193,6 +197,12 @@ int             claim_share(const WorkerEndpoint *w);
 int             pipeline_size(void);
 /* Header lines: "Name: value\n..." text (od_header_lines_text) back into lines. */
 void            split_lines(const char *text, std::vector<std::string> &out) noexcept;
+
+/* ---------------------------------------------------------------- worker_oauth.cpp */
+/* Hash of an endpoint's OAuth client configuration; 0: none. */
+uint64          oauth_client_hash(const OdEndpointRow *r);
+/* Tokens: finished fetches shared, tokens copied from the slots, fetches started, waiters failed. */
+void            step_tokens(TimestampTz now);
 
 /* ---------------------------------------------------------------- worker_claim.cpp */
 /* Claim up to capacity rows (finalizing waiting results in the same transaction); returns how many. */

@@ -71,6 +71,14 @@ load_endpoint(const OdEndpointRow *r) noexcept
             e.client_cert = r->client_cert;
             e.client_key = r->client_key;
         }
+        if (r->oauth_token_url && r->oauth_client_id && r->oauth_client_secret)
+        {
+            e.oauth.token_url = r->oauth_token_url;
+            e.oauth.client_id = r->oauth_client_id;
+            e.oauth.client_secret = r->oauth_client_secret;
+            if (r->oauth_scope)
+                e.oauth.scope = r->oauth_scope;
+        }
         W.disp->add_endpoint(e);
     }
     catch (...)
@@ -184,6 +192,7 @@ refresh_endpoints(void)
         MemoryContextReset(W.endpoint_ctx);
         W.wendpoints = (WorkerEndpoint *) MemoryContextAllocZero(W.endpoint_ctx, sizeof(WorkerEndpoint) * (nrows + 1));
         W.n_wendpoints = 0;
+        W.n_oauth = 0;
         for (int i = 0; i < nrows; i++)
         {
             WorkerEndpoint *w = &W.wendpoints[W.n_wendpoints];
@@ -203,6 +212,10 @@ refresh_endpoints(void)
             w->lim.breaker_cooldown_us = rows[i].breaker_cooldown_ms * 1000;
             w->lim.disable_after_us = rows[i].disable_after_us;
             w->lim.changed_at = rows[i].updated_at;
+            w->oauth_client = oauth_client_hash(&rows[i]);
+            w->timeout_ms = rows[i].timeout_ms;
+            if (w->oauth_client != 0)
+                W.n_oauth++;
             W.n_wendpoints++;
         }
         W.endpoints_stale = false;

@@ -17,6 +17,7 @@
 
 #include "core/request.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace od {
@@ -66,10 +67,32 @@ void Dispatcher::begin_endpoints() noexcept {
     seen_.clear();
 }
 
+namespace {
+/* The endpoint's header lines with the Authorization of an access token after them. */
+void bearer_headers(const std::vector<std::string> &endpoint_lines, const char *token, std::size_t len,
+                    std::vector<std::string> &out) {
+    out = endpoint_lines;
+    std::string line("Authorization: Bearer ");
+    line.append(token, len);
+    out.push_back(std::move(line));
+}
+} // namespace
+
 bool Dispatcher::add_endpoint(const EndpointConfig &e) noexcept {
     try {
         EndpointState &st = endpoints_[e.name];
+        bool same_client = st.cfg.oauth == e.oauth;
+        bool same_headers = st.cfg.header_lines == e.header_lines;
         st.cfg = e;
+        if (!same_client || !e.oauth.enabled()) {
+            /* another client (or none): the token held is not its own */
+            st.token_gen = 0;
+            st.token_until_ms = 0;
+            st.auth_headers.clear();
+        } else if (!same_headers && st.token_gen != 0) {
+            std::string token = st.auth_headers.back().substr(std::strlen("Authorization: Bearer "));
+            bearer_headers(e.header_lines, token.data(), token.size(), st.auth_headers);
+        }
         seen_[e.name] = true;
         return true;
     } catch (...) {
@@ -174,11 +197,15 @@ void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
             if (!ep.cfg.previous_key.empty() && now_unix_s < ep.cfg.previous_key_until_unix_s)
                 keys[nkeys++] = SigningKey{ep.cfg.previous_key.data(), ep.cfg.previous_key.size()};
         }
-        built = build_request_headers(head, settings_.wire, ep.cfg.header_lines, m.header_lines, keys, nkeys,
-                                      now_unix_s, m.body.data(), m.body.size(), header_buf_);
+        /* OAuth: the token's Authorization is one of the endpoint's lines (a message's own is dropped) */
+        const bool oauth = ep.cfg.oauth.enabled();
+        built = build_request_headers(head, settings_.wire, oauth ? ep.auth_headers : ep.cfg.header_lines,
+                                      m.header_lines, keys, nkeys, now_unix_s, m.body.data(), m.body.size(),
+                                      header_buf_);
         if (built) {
             uint64_t tag = next_tag_++;
-            sent_.emplace(tag, Sent{m.id, m.lease_version, m.lease_until_us, m.attempts, ep.cfg.name, m.endpoint_tag, unix_now_us()});
+            sent_.emplace(tag, Sent{m.id, m.lease_version, m.lease_until_us, m.attempts, ep.cfg.name, m.endpoint_tag,
+                                    unix_now_us(), oauth ? ep.token_gen : 0, ClaimedMessage()});
             TransferOptions opts;
             const std::string &proxy = ep.cfg.proxy.empty() ? settings_.proxy : ep.cfg.proxy;
             opts.proxy = proxy.c_str();
@@ -187,9 +214,11 @@ void Dispatcher::send_front(EndpointState &ep, int64_t now_unix_s) noexcept {
             opts.client_key = &ep.cfg.client_key;
             started = engine_.submit(tag, ep.cfg.url.c_str(), m.body.data(), m.body.size(), header_buf_,
                                      ep.cfg.timeout_ms, &opts);
-            if (started)
+            if (started) {
                 ep.in_flight++;
-            else
+                /* kept to be sent again after a 401 (the engine copied the body) */
+                if (oauth && !m.auth_resent) sent_[tag].keep = std::move(m);
+            } else
                 sent_.erase(tag);
         }
     } catch (...) {
@@ -213,9 +242,19 @@ void Dispatcher::pump(int64_t now_unix_s) noexcept {
      */
     if (!below_max_transfers()) return;
     ready_.clear();
+    const int64_t now_ms = unix_now_us() / 1000;
     try {
-        for (auto &kv : endpoints_)
-            if (!kv.second.queue.empty()) ready_.push_back(&kv.second);
+        for (auto &kv : endpoints_) {
+            EndpointState &ep = kv.second;
+            if (ep.queue.empty()) continue;
+            if (ep.cfg.oauth.enabled() && !ep.token_usable(now_ms)) {
+                /* waits for a token (token_state() tells the worker) */
+                if (ep.waiting_since_ms == 0) ep.waiting_since_ms = now_ms;
+                continue;
+            }
+            ep.waiting_since_ms = 0;
+            ready_.push_back(&ep);
+        }
     } catch (...) {
         /* out of memory: the endpoints collected so far are served, the rest next time */
     }
@@ -240,10 +279,33 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
     completions_.clear();
     engine_.drain(completions_);
     for (const HttpCompletion &c : completions_) {
+        auto ft = token_fetches_.find(c.tag);
+        if (ft != token_fetches_.end()) {
+            finish_token_fetch(c, ft->second.first, ft->second.second);
+            token_fetches_.erase(ft);
+            continue;
+        }
         auto it = sent_.find(c.tag);
         if (it == sent_.end()) continue;
-        const Sent &s = it->second;
+        Sent &s = it->second;
         auto ep = endpoints_.find(s.endpoint);
+        if (ep != endpoints_.end() && c.curl_code == 0 && c.status == 401 && s.token_gen != 0 &&
+            ep->second.cfg.oauth.enabled() && !s.keep.auth_resent && s.keep.id == s.id) {
+            /* 401 with an access token: once, send it again with a newer token */
+            EndpointState &st = ep->second;
+            st.in_flight--;
+            if (s.token_gen > st.rejected_gen) st.rejected_gen = s.token_gen;
+            if (st.token_gen == s.token_gen) st.token_until_ms = 0; /* never sent with it again */
+            try {
+                s.keep.auth_resent = true;
+                st.queue.push_front(std::move(s.keep));
+                queued_++;
+                sent_.erase(it);
+                continue;
+            } catch (...) {
+                st.in_flight++; /* out of memory: the 401 is the outcome after all */
+            }
+        }
         static const int kNoDefer = 0;
         OutcomePolicy pol{};
         if (ep != endpoints_.end()) {
@@ -301,6 +363,117 @@ void Dispatcher::collect(int64_t now_unix_s) noexcept {
     }
 }
 
+void Dispatcher::finish_token_fetch(const HttpCompletion &c, const std::string &endpoint, int64_t started_ms) noexcept {
+    try {
+        token_body_.clear();
+        engine_.take_body(c.tag, token_body_);
+        TokenResult r;
+        r.endpoint = endpoint;
+        r.started_unix_ms = started_ms;
+        read_token_answer(c.curl_code, c.error, c.status, token_body_.data(), token_body_.size(), r.answer);
+        std::fill(token_body_.begin(), token_body_.end(), '\0');
+        auto ep = endpoints_.find(endpoint);
+        if (ep != endpoints_.end() && ep->second.fetch_tag == c.tag) ep->second.fetch_tag = 0;
+        token_results_.push_back(std::move(r));
+    } catch (...) {
+        auto ep = endpoints_.find(endpoint);
+        if (ep != endpoints_.end() && ep->second.fetch_tag == c.tag) ep->second.fetch_tag = 0;
+    }
+}
+
+void Dispatcher::set_token(const std::string &endpoint, const char *token, std::size_t len, uint64_t generation,
+                           int64_t usable_until_ms) noexcept {
+    auto it = endpoints_.find(endpoint);
+    if (it == endpoints_.end() || !it->second.cfg.oauth.enabled()) return;
+    EndpointState &ep = it->second;
+    try {
+        bearer_headers(ep.cfg.header_lines, token, len, ep.auth_headers);
+        ep.token_gen = generation;
+        ep.token_until_ms = usable_until_ms;
+    } catch (...) {
+        ep.token_gen = 0; /* out of memory: no token for now */
+        ep.token_until_ms = 0;
+    }
+}
+
+bool Dispatcher::token_state(const std::string &endpoint, int64_t now_ms, TokenState &out) const noexcept {
+    auto it = endpoints_.find(endpoint);
+    if (it == endpoints_.end() || !it->second.cfg.oauth.enabled()) return false;
+    const EndpointState &ep = it->second;
+    out.generation = ep.token_gen;
+    out.rejected = ep.rejected_gen;
+    out.fetching = ep.fetch_tag != 0;
+    out.busy = !ep.queue.empty() || ep.in_flight > 0;
+    out.waiting = !ep.queue.empty() && !ep.token_usable(now_ms);
+    out.waiting_since_ms = out.waiting ? (ep.waiting_since_ms ? ep.waiting_since_ms : now_ms) : 0;
+    return true;
+}
+
+void Dispatcher::take_rejected(const std::string &endpoint) noexcept {
+    auto it = endpoints_.find(endpoint);
+    if (it != endpoints_.end()) it->second.rejected_gen = 0;
+}
+
+bool Dispatcher::fetch_token(const std::string &endpoint) noexcept {
+    auto it = endpoints_.find(endpoint);
+    if (it == endpoints_.end() || !it->second.cfg.oauth.enabled()) return false;
+    EndpointState &ep = it->second;
+    if (ep.fetch_tag != 0) return true;
+    try {
+        std::vector<std::string> lines;
+        std::string body;
+        if (!build_token_request(ep.cfg.oauth, lines, body)) return false;
+        uint64_t tag = next_tag_++;
+        TransferOptions opts;
+        const std::string &proxy = ep.cfg.proxy.empty() ? settings_.proxy : ep.cfg.proxy;
+        opts.proxy = proxy.c_str();
+        opts.no_proxy = settings_.no_proxy.c_str();
+        opts.client_cert = &ep.cfg.client_cert;
+        opts.client_key = &ep.cfg.client_key;
+        opts.keep_body = kTokenAnswerCap;
+        token_fetches_.emplace(tag, std::make_pair(endpoint, unix_now_us() / 1000));
+        bool ok = engine_.submit(tag, ep.cfg.oauth.token_url.c_str(), body.data(), body.size(), lines,
+                                 ep.cfg.timeout_ms, &opts);
+        for (std::string &l : lines) std::fill(l.begin(), l.end(), '\0');
+        if (!ok) {
+            token_fetches_.erase(tag);
+            return false;
+        }
+        ep.fetch_tag = tag;
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+void Dispatcher::fail_token_waiters(const std::string &endpoint, const char *why) noexcept {
+    auto it = endpoints_.find(endpoint);
+    if (it == endpoints_.end()) return;
+    EndpointState &ep = it->second;
+    while (!ep.queue.empty()) {
+        const ClaimedMessage &m = ep.queue.front();
+        try {
+            DeliveryOutcome o;
+            std::memset(&o, 0, sizeof o);
+            o.id = m.id;
+            o.lease_version = m.lease_version;
+            o.lease_until_us = m.lease_until_us;
+            o.endpoint_tag = m.endpoint_tag;
+            o.attempts = m.attempts;
+            o.verdict = m.attempts >= max_attempts_for(&ep.cfg) ? Verdict::Dead : Verdict::Retry;
+            o.delay_ms = full_jitter_ms(m.attempts, backoff_for(&ep.cfg), rng_());
+            o.latency_ms = 0; /* the endpoint's failure: its breaker hears of it */
+            std::snprintf(o.error, sizeof o.error, "not sent: %s", why);
+            outcomes_.push_back(o);
+        } catch (...) {
+            /* the lease will expire and the message be claimed again */
+        }
+        ep.queue.pop_front();
+        queued_--;
+    }
+    ep.waiting_since_ms = 0;
+}
+
 void Dispatcher::push_release(int64_t id, int64_t lease_version, int64_t lease_until_us, int endpoint_tag,
                               const char *why) noexcept {
     try {
@@ -333,6 +506,8 @@ void Dispatcher::release_queued(const char *why) noexcept {
 void Dispatcher::abandon(int64_t now_unix_s, const char *why) noexcept {
     collect(now_unix_s);
     engine_.abort_all();
+    token_fetches_.clear();
+    for (auto &kv : endpoints_) kv.second.fetch_tag = 0;
     for (const auto &kv : sent_)
         push_release(kv.second.id, kv.second.lease_version, kv.second.lease_until_us, kv.second.endpoint_tag, why);
     sent_.clear();

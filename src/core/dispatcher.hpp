@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/http_engine.hpp"
+#include "core/oauth.hpp"
 #include "core/outcome.hpp"
 #include "core/request.hpp"
 
@@ -53,6 +54,7 @@ struct EndpointConfig {
     std::string client_cert;                /* PEM, TLS client authentication; empty = none */
     std::string client_key;
     int max_attempts = 0;                   /* 0 = retry_schedule's length + 1, else the settings' */
+    OAuthClient oauth;                      /* client credentials; token_url empty = none */
 };
 
 struct ClaimedMessage {
@@ -68,6 +70,24 @@ struct ClaimedMessage {
     std::vector<std::string> header_lines; /* the message's extra headers */
     int64_t created_at_unix_us = 0;
     int endpoint_tag = -1; /* caller's tag, copied to the outcome */
+    bool auth_resent = false; /* OAuth: already sent again after a 401 */
+};
+
+/* A finished token request (Dispatcher::fetch_token). */
+struct TokenResult {
+    std::string endpoint;
+    TokenAnswer answer;
+    int64_t started_unix_ms; /* when the request went out: the token's lifetime counts from then */
+};
+
+/* What a Dispatcher knows of an OAuth endpoint's token (Dispatcher::token_state). */
+struct TokenState {
+    uint64_t generation = 0;    /* of the token it sends; 0 = none */
+    uint64_t rejected = 0;      /* a 401 came back for this generation (0 = none): take_rejected() */
+    bool fetching = false;      /* a token request of this Dispatcher is in flight */
+    bool busy = false;          /* messages of the endpoint queued or in flight */
+    bool waiting = false;       /* some are queued for want of a usable token */
+    int64_t waiting_since_ms = 0;
 };
 
 struct DeliveryOutcome {
@@ -146,6 +166,28 @@ class Dispatcher {
      */
     void pump(int64_t now_unix_s) noexcept;
 
+    /*
+     * OAuth endpoints.  The token to send (Authorization: Bearer) and until
+     * when (Unix milliseconds); generation identifies it (a 401 names the
+     * generation it rejected).  A message of an OAuth endpoint is sent only
+     * with a usable token; until then it stays queued.  A 401 answer is not
+     * an outcome the first time: the message is queued again (its attempt
+     * not used twice) for a token newer than the one rejected.
+     */
+    void set_token(const std::string &endpoint, const char *token, std::size_t len, uint64_t generation,
+                   int64_t usable_until_ms) noexcept;
+    bool token_state(const std::string &endpoint, int64_t now_ms, TokenState &out) const noexcept;
+    void take_rejected(const std::string &endpoint) noexcept;
+    /* Start a token request for the endpoint; false (why in last_error()) if it cannot start. */
+    bool fetch_token(const std::string &endpoint) noexcept;
+    std::vector<TokenResult> &token_results() noexcept { return token_results_; }
+    /*
+     * The endpoint's messages queued for want of a token become Retry
+     * outcomes (their attempt used: a token endpoint that fails is the
+     * endpoint failing), with "not sent: <why>" as the error.
+     */
+    void fail_token_waiters(const std::string &endpoint, const char *why) noexcept;
+
     /* Turn finished transfers into outcomes (appended to outcomes()). */
     void collect(int64_t now_unix_s) noexcept;
 
@@ -175,6 +217,14 @@ class Dispatcher {
         EndpointConfig cfg;
         int in_flight = 0;
         std::deque<ClaimedMessage> queue;
+        /* OAuth: the endpoint's header lines with the Authorization of the token */
+        std::vector<std::string> auth_headers;
+        uint64_t token_gen = 0;
+        int64_t token_until_ms = 0;
+        uint64_t rejected_gen = 0;
+        uint64_t fetch_tag = 0;         /* token request in flight; 0 = none */
+        int64_t waiting_since_ms = 0;   /* first queued message seen without a usable token; 0 = none */
+        bool token_usable(int64_t now_ms) const noexcept { return token_gen != 0 && now_ms < token_until_ms; }
     };
     struct Sent {
         int64_t id;
@@ -184,7 +234,10 @@ class Dispatcher {
         std::string endpoint;
         int endpoint_tag;
         int64_t started_unix_us;
+        uint64_t token_gen;  /* OAuth: the token sent (0: none) */
+        ClaimedMessage keep; /* OAuth: the message, to send again after a 401 */
     };
+    void finish_token_fetch(const HttpCompletion &c, const std::string &endpoint, int64_t started_ms) noexcept;
     void push_release(int64_t id, int64_t lease_version, int64_t lease_until_us, int endpoint_tag,
                       const char *why) noexcept;
 
@@ -202,6 +255,9 @@ class Dispatcher {
     std::unordered_map<std::string, EndpointState> endpoints_;
     std::unordered_map<std::string, bool> seen_; /* during begin/end_endpoints */
     std::unordered_map<uint64_t, Sent> sent_;    /* tag -> message */
+    std::unordered_map<uint64_t, std::pair<std::string, int64_t>> token_fetches_; /* tag -> endpoint, start (ms) */
+    std::vector<TokenResult> token_results_;
+    std::string token_body_;
     std::vector<DeliveryOutcome> outcomes_;
     std::vector<HttpCompletion> completions_;
     std::vector<std::string> header_buf_;

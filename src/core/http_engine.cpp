@@ -60,6 +60,8 @@ struct HttpEngine::Transfer {
     int socket_errno = 0;          /* errno of a failed socket(), 0 if none */
     const AddressFilter *filter = nullptr;
     std::string proxy;        /* the proxy URL used, to keep it (and its password) out of error texts */
+    std::size_t keep_body = 0; /* TransferOptions::keep_body */
+    std::string kept;          /* the body kept whole, up to keep_body bytes */
     bool denied = false;      /* a connection was refused by the filter */
     char denied_why[160];     /* why (the address and the list) */
 };
@@ -84,6 +86,13 @@ extern "C" size_t od_curl_write_cb(char *ptr, size_t size, size_t nmemb, void *u
         size_t take = std::min(n, kBodyCap - r.body_len);
         std::memcpy(r.body + r.body_len, ptr, take);
         r.body_len += take;
+    }
+    if (t->keep_body > t->kept.size()) {
+        try {
+            t->kept.append(ptr, std::min(n, t->keep_body - t->kept.size()));
+        } catch (...) {
+            t->keep_body = 0; /* out of memory: what was kept stays, cut short */
+        }
     }
     t->body_seen += n;
     if (t->body_seen > kBodyAbort) {
@@ -294,6 +303,8 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         t->socket_errno = 0;
         t->filter = &filter_;
         t->proxy.assign(options && options->proxy ? options->proxy : "");
+        t->keep_body = options ? std::min(options->keep_body, kBodyAbort) : 0;
+        t->kept.clear();
         t->denied = false;
         t->denied_why[0] = '\0';
 
@@ -514,6 +525,7 @@ void HttpEngine::collect() noexcept {
         curl_multi_remove_handle(multi_, e);
         running_.erase(it);
         try {
+            if (t->keep_body > 0) kept_bodies_[r.tag].swap(t->kept);
             done_.push_back(r);
         } catch (...) {
             /* cannot report it: the lease will expire and the message be retried */
@@ -533,7 +545,17 @@ std::size_t HttpEngine::drain(std::vector<HttpCompletion> &out) noexcept {
         return 0;
     }
     done_.clear();
+    drained_bodies_.clear();
+    drained_bodies_.swap(kept_bodies_);
     return n;
+}
+
+bool HttpEngine::take_body(uint64_t tag, std::string &out) noexcept {
+    auto it = drained_bodies_.find(tag);
+    if (it == drained_bodies_.end()) return false;
+    out.swap(it->second);
+    drained_bodies_.erase(it);
+    return true;
 }
 
 void HttpEngine::abort_all() noexcept {

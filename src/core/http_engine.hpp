@@ -70,6 +70,11 @@ struct TransferOptions {
     const char *no_proxy = nullptr; /* hosts reached directly despite the proxy (CURLOPT_NOPROXY) */
     const std::string *client_cert = nullptr; /* PEM certificate (chain) for TLS client authentication */
     const std::string *client_key = nullptr;  /* its PEM private key */
+    /*
+     * Keep up to this many bytes of the response body whole (more than the
+     * completion's kBodyCap), for take_body(); 0: none.  Capped at kBodyAbort.
+     */
+    std::size_t keep_body = 0;
 };
 
 struct HttpSocket {
@@ -123,6 +128,13 @@ class HttpEngine {
     /* Move finished transfers to out (appending); returns how many. */
     std::size_t drain(std::vector<HttpCompletion> &out) noexcept;
 
+    /*
+     * The body kept for a finished transfer submitted with keep_body
+     * (moved into out, once); false if there is none.  Bodies not taken are
+     * dropped at the next drain().
+     */
+    bool take_body(uint64_t tag, std::string &out) noexcept;
+
     /* Abandon every transfer in flight (shutdown). */
     void abort_all() noexcept;
 
@@ -160,6 +172,8 @@ class HttpEngine {
     std::unordered_map<void *, Transfer *> running_; /* CURL * -> transfer */
     std::vector<Transfer *> idle_;                   /* reusable easy handles */
     std::vector<HttpCompletion> done_;
+    std::unordered_map<uint64_t, std::string> kept_bodies_; /* tag -> body (keep_body) */
+    std::unordered_map<uint64_t, std::string> drained_bodies_; /* those of the last drain() */
     std::unordered_map<int, int> socket_what_; /* fd -> CURL_POLL_* */
     std::vector<HttpSocket> socket_list_;
     bool sockets_dirty_ = true;

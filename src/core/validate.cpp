@@ -440,4 +440,17 @@ const char *check_signing_secret(const char *secret, std::size_t len) {
     return nullptr;
 }
 
+const char *check_oauth_value(const char *v, std::size_t len, bool scope) noexcept {
+    if (len == 0) return "must not be empty";
+    if (len > 1000) return "is longer than 1000 bytes";
+    for (std::size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(v[i]);
+        if (c < 0x20 || c == 0x7f) return "contains a control character";
+        if (scope && (c == '"' || c == '\\' || c > 0x7e))
+            return "may contain only visible ASCII characters other than '\"' and '\\' (RFC 6749 section 3.3), separated by spaces";
+    }
+    if (scope && is_blank(v, len)) return "must not be blank";
+    return nullptr;
+}
+
 } // namespace od

@@ -70,6 +70,14 @@ const char *check_proxy_url(const char *url, std::size_t len) noexcept;
  */
 const char *check_pem(const char *pem, std::size_t len, bool want_key) noexcept;
 
+/*
+ * An OAuth 2.0 client id or secret (scope false): 1 to 1000 bytes without
+ * control characters; or a scope (scope true): 1 to 1000 bytes of
+ * space-separated scope tokens (RFC 6749 3.3: visible ASCII but '"' and
+ * '\\').  Never quotes the value.
+ */
+const char *check_oauth_value(const char *v, std::size_t len, bool scope) noexcept;
+
 /* Longest outbox_dispatcher.message_id_prefix, in bytes. */
 constexpr std::size_t kMaxIdPrefixBytes = 64;
 
