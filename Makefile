@@ -21,7 +21,7 @@ SHLIB_LINK  = -lstdc++ -lcurl -lcrypto
 
 # pg_regress suites: test/regress/sql/<name>.sql inputs, test/regress/expected/<name>.out
 # (sql/ holds only the extension's scripts).
-REGRESS      = schema enqueue claim finalize ordering operator operations validation privileges views security fanout rotation tracecontext retry_policy egress
+REGRESS      = schema enqueue claim finalize ordering operator operations validation privileges views security fanout rotation tracecontext retry_policy egress oauth
 REGRESS_OPTS = --inputdir=test/regress
 
 PG_CONFIG ?= pg_config

@@ -641,7 +641,7 @@ endpoint_check(FunctionCallInfo fcinfo, bool ranges_in_c)
                     (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                      errmsg("oauth_token_url, oauth_client_id and oauth_client_secret must be set together"),
                      errdetail("OAuth 2.0 client credentials need the token URL, the client id and the client secret; "
-                               "oauth_scope is optional.")));
+                               "oauth_scope is optional, and only with them.")));
         if (!vnull[0])
         {
             text *t = DatumGetTextPP(v[0]);
