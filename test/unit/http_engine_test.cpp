@@ -177,6 +177,14 @@ class LoopbackServer {
             } else if (path == "/slowish") {
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
                 resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+            } else if (path == "/token") {
+                // an OAuth token answer larger than the completion's body capture
+                const std::string b = "{\"access_token\":\"" + std::string(3000, 't') +
+                                      "\",\"token_type\":\"Bearer\",\"expires_in\":3600}";
+                resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                       std::to_string(b.size()) + "\r\n\r\n" + b;
+            } else if (path == "/unauthorized") {
+                resp = "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n";
             } else if (path == "/ok") {
                 resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
             } else if (path == "/busy") {
@@ -1076,3 +1084,131 @@ TEST(Dispatcher, ReleaseQueuedKeepsTransfersInFlight) {
 }
 
 } // namespace
+
+// Drive a Dispatcher until pred() holds or the deadline passed.
+static void drive(od::Dispatcher &d, const std::function<bool()> &pred, int max_ms = 10000) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_ms);
+    while (!pred() && std::chrono::steady_clock::now() < deadline) {
+        const auto &socks = d.engine().sockets();
+        std::vector<pollfd> pfds;
+        for (const auto &sk : socks)
+            pfds.push_back(
+                pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
+        if (d.engine().timeout_ms() == 0) d.engine().on_timeout();
+        if (::poll(pfds.data(), pfds.size(), 20) > 0)
+            for (const auto &p : pfds)
+                if (p.revents)
+                    d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0,
+                                         (p.revents & POLLOUT) != 0);
+        d.collect(1700000000);
+        d.pump(1700000000);
+    }
+}
+
+static int64_t wall_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+TEST(DispatcherOAuth, TokenFetchedWholeThenA401IsSentAgainOnceWithANewerToken) {
+    LoopbackServer server;
+    od::Dispatcher d;
+    ASSERT_TRUE(d.init(od::HttpEngineOptions{}, 7));
+    od::DispatcherSettings s;
+    s.wire.source = "/test";
+    s.max_attempts = 5;
+    d.set_settings(s);
+    od::EndpointConfig ep;
+    ep.name = "oa";
+    ep.url = server.url("/unauthorized");
+    ep.timeout_ms = 5000;
+    ep.oauth = od::OAuthClient{server.url("/token"), "id", "secret", "s1"};
+    d.begin_endpoints();
+    ASSERT_TRUE(d.add_endpoint(ep));
+    d.end_endpoints();
+
+    od::ClaimedMessage m;
+    m.id = 1;
+    m.lease_version = 1;
+    m.attempts = 1;
+    m.endpoint = "oa";
+    m.event_type = "E";
+    m.aggregate_type = "a";
+    m.aggregate_id = "1";
+    m.body = "{}";
+    m.header_lines = {"Authorization: Bearer planted-by-the-producer"};
+    ASSERT_TRUE(d.add(std::move(m)));
+
+    // no token yet: nothing is sent, the message waits
+    d.pump(1700000000);
+    EXPECT_EQ(d.in_flight(), 0u);
+    od::TokenState ts;
+    ASSERT_TRUE(d.token_state("oa", wall_ms(), ts));
+    EXPECT_TRUE(ts.waiting);
+    EXPECT_TRUE(ts.busy);
+    EXPECT_EQ(ts.generation, 0u);
+
+    // the token request: its 3 KB answer is read whole
+    ASSERT_TRUE(d.fetch_token("oa"));
+    ASSERT_TRUE(d.token_state("oa", wall_ms(), ts));
+    EXPECT_TRUE(ts.fetching);
+    drive(d, [&] { return !d.token_results().empty(); });
+    ASSERT_EQ(d.token_results().size(), 1u);
+    const od::TokenAnswer &a = d.token_results()[0].answer;
+    ASSERT_TRUE(a.ok) << a.error;
+    EXPECT_EQ(a.access_token, std::string(3000, 't'));
+    EXPECT_EQ(a.lifetime_s, 3600);
+    auto reqs = server.requests();
+    ASSERT_EQ(reqs.size(), 1u);
+    EXPECT_NE(reqs[0].find("Authorization: Basic aWQ6c2VjcmV0\r\n"), std::string::npos); // id:secret
+    EXPECT_NE(reqs[0].find("\r\n\r\ngrant_type=client_credentials&scope=s1"), std::string::npos);
+    d.token_results().clear();
+
+    // generation 1: sent, 401 -> not an outcome, queued again for a newer token
+    d.set_token("oa", "tok-one", 7, 1, wall_ms() + 60000);
+    drive(d, [&] {
+        od::TokenState t;
+        return d.token_state("oa", wall_ms(), t) && t.rejected != 0;
+    });
+    EXPECT_TRUE(d.outcomes().empty());
+    ASSERT_TRUE(d.token_state("oa", wall_ms(), ts));
+    EXPECT_EQ(ts.rejected, 1u);
+    EXPECT_TRUE(ts.waiting); // the rejected token is never sent again
+    d.take_rejected("oa");
+    ASSERT_TRUE(d.token_state("oa", wall_ms(), ts));
+    EXPECT_EQ(ts.rejected, 0u);
+
+    // generation 2: sent again, 401 again -> the usual outcome (4xx: dead), attempt not used twice
+    d.set_token("oa", "tok-two", 7, 2, wall_ms() + 60000);
+    drive(d, [&] { return !d.outcomes().empty(); });
+    ASSERT_EQ(d.outcomes().size(), 1u);
+    EXPECT_EQ(d.outcomes()[0].verdict, od::Verdict::Dead);
+    EXPECT_EQ(d.outcomes()[0].http_status, 401);
+    EXPECT_EQ(d.outcomes()[0].attempts, 1);
+    reqs = server.requests();
+    ASSERT_EQ(reqs.size(), 3u);
+    EXPECT_NE(reqs[1].find("Authorization: Bearer tok-one\r\n"), std::string::npos);
+    EXPECT_NE(reqs[2].find("Authorization: Bearer tok-two\r\n"), std::string::npos);
+    for (const std::string &r : reqs) EXPECT_EQ(r.find("planted-by-the-producer"), std::string::npos);
+    d.outcomes().clear();
+
+    // a token past its usable time is not sent; waiters given up on are charged retries that feed the breaker
+    d.set_token("oa", "tok-old", 7, 3, wall_ms() - 1);
+    od::ClaimedMessage m2;
+    m2.id = 2;
+    m2.lease_version = 1;
+    m2.attempts = 1;
+    m2.endpoint = "oa";
+    m2.body = "{}";
+    ASSERT_TRUE(d.add(std::move(m2)));
+    d.pump(1700000000);
+    EXPECT_EQ(d.in_flight(), 0u);
+    d.fail_token_waiters("oa", "no OAuth2 access token: token endpoint answered 503");
+    ASSERT_EQ(d.outcomes().size(), 1u);
+    EXPECT_EQ(d.outcomes()[0].verdict, od::Verdict::Retry);
+    EXPECT_FALSE(d.outcomes()[0].refund);
+    EXPECT_EQ(d.outcomes()[0].latency_ms, 0);
+    EXPECT_STREQ(d.outcomes()[0].error, "not sent: no OAuth2 access token: token endpoint answered 503");
+    EXPECT_EQ(d.queued(), 0u);
+    EXPECT_EQ(server.requests().size(), 3u);
+}

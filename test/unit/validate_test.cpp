@@ -376,3 +376,19 @@ TEST(Egress, Pem) {
 }
 
 } // namespace
+
+TEST(Validate, OAuthValues) {
+    EXPECT_EQ(od::check_oauth_value("my client", 9, false), nullptr);
+    EXPECT_EQ(od::check_oauth_value("s3cr&t:x/é", std::strlen("s3cr&t:x/é"), false), nullptr);
+    EXPECT_STREQ(od::check_oauth_value("", 0, false), "must not be empty");
+    EXPECT_STREQ(od::check_oauth_value("a\r\nb", 4, false), "contains a control character");
+    std::string big(1001, 'a');
+    EXPECT_STREQ(od::check_oauth_value(big.data(), big.size(), false), "is longer than 1000 bytes");
+    EXPECT_EQ(od::check_oauth_value(big.data(), 1000, true), nullptr);
+    EXPECT_EQ(od::check_oauth_value("orders.write audit https://api/x", 32, true), nullptr);
+    EXPECT_NE(od::check_oauth_value("a\"b", 3, true), nullptr);
+    EXPECT_NE(od::check_oauth_value("a\\b", 3, true), nullptr);
+    EXPECT_NE(od::check_oauth_value("payé", std::strlen("payé"), true), nullptr);
+    EXPECT_NE(od::check_oauth_value("a\tb", 3, true), nullptr);
+    EXPECT_STREQ(od::check_oauth_value("   ", 3, true), "must not be blank");
+}
