@@ -98,7 +98,10 @@ step_tokens(TimestampTz now)
     int64 now_ms;
 
     if (W.n_oauth == 0)
+    {
+        W.disp->token_results().clear(); /* the endpoint stopped using OAuth while its fetch ran */
         return;
+    }
     take_token_results(now);
     now_ms = unix_ms(now);
     for (int i = 0; i < W.n_wendpoints; i++)
@@ -135,6 +138,8 @@ step_tokens(TimestampTz now)
             explicit_bzero(W.token_buf, len);
             W.disp->token_state(name, now_ms, mine);
         }
+        else if (v.generation != 0 && v.generation == mine.generation)
+            W.disp->limit_token(name, v.generation, unix_ms(v.usable_until)); /* another worker's 401 rejected it */
         /* a fetch is due: no token, its refresh time, or a 401 rejected it; only for messages we hold */
         need = v.generation == 0 || now >= v.refresh_at || now >= v.usable_until;
         if (need && mine.busy && !mine.fetching && now >= v.next_fetch &&

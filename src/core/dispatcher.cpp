@@ -409,6 +409,12 @@ bool Dispatcher::token_state(const std::string &endpoint, int64_t now_ms, TokenS
     return true;
 }
 
+void Dispatcher::limit_token(const std::string &endpoint, uint64_t generation, int64_t until_ms) noexcept {
+    auto it = endpoints_.find(endpoint);
+    if (it != endpoints_.end() && it->second.token_gen == generation && until_ms < it->second.token_until_ms)
+        it->second.token_until_ms = until_ms;
+}
+
 void Dispatcher::take_rejected(const std::string &endpoint) noexcept {
     auto it = endpoints_.find(endpoint);
     if (it != endpoints_.end()) it->second.rejected_gen = 0;

@@ -177,6 +177,8 @@ class Dispatcher {
     void set_token(const std::string &endpoint, const char *token, std::size_t len, uint64_t generation,
                    int64_t usable_until_ms) noexcept;
     bool token_state(const std::string &endpoint, int64_t now_ms, TokenState &out) const noexcept;
+    /* The token of that generation is not sent after until_ms (earlier than set_token said: rejected). */
+    void limit_token(const std::string &endpoint, uint64_t generation, int64_t until_ms) noexcept;
     void take_rejected(const std::string &endpoint) noexcept;
     /* Start a token request for the endpoint; false (why in last_error()) if it cannot start. */
     bool fetch_token(const std::string &endpoint) noexcept;

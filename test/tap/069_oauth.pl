@@ -15,6 +15,8 @@
 #     delivery carries "Authorization: Bearer <that token>";
 #   - a 401 is answered by one token refresh and one resend with the new
 #     token, which does not use an attempt (done, attempts 1);
+#   - a changed client configuration (the scope) fetches its own token
+#     before the next delivery; the old client's is never sent again;
 #   - an endpoint that always answers 401: each message is sent twice (the
 #     old token, then the new one) and ends dead with attempts 1, and the
 #     five rejections of the same token cost one refresh (2 token requests);
@@ -129,6 +131,21 @@ is(scalar @$tokens, 2, '401 once: exactly one more token request');
 my $tok2 = 'tok-' . ($tokens->[1]{seq} // -1);
 is(auth($r401->[0]), "Bearer $tok1", '401 once: the first request carried the old token');
 is(auth($r401->[1] // {}), "Bearer $tok2", '401 once: the resend carried the new one');
+
+# ------------------------------------------------------------------ 2b. another client: its own token
+# a changed client configuration (here the scope) never sends the old client's
+# token: the next delivery fetches one for the new configuration first
+$sink->script({ path => '/hook', status => 200 });
+$node->safe_psql('postgres', q{UPDATE outbox.endpoints SET oauth_scope = 'orders.read' WHERE name = 'oa'});
+ok(wait_workers_cycled($node), 'oa: the workers reloaded the changed client');
+my ($idnew) = $node->enqueue_n(1, endpoint => 'oa', tag => 'oanew');
+ok($node->poll("SELECT status FROM outbox.messages WHERE id = $idnew", 'done', 20),
+	'changed client: delivered');
+$tokens = $sink->requests('/token');
+is(scalar @$tokens, 3, 'changed client: one more token request');
+is($tokens->[2]{body} // '', 'grant_type=client_credentials&scope=orders.read', 'changed client: with the new scope');
+my $rnew = $sink->requests('/hook', id => $idnew);
+is(auth($rnew->[0] // {}), 'Bearer tok-' . ($tokens->[2]{seq} // -1), 'changed client: sent with the new token only');
 
 # ------------------------------------------------------------------ 3. always 401: one refresh for all rejections
 # (the token endpoint answers after 300 ms: every message claimed with the
