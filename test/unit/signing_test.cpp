@@ -127,25 +127,28 @@ TEST(Signature, MoreVectors) {
     EXPECT_EQ(sign(nullptr, 0, "m", 0, ""), "v1,TDMrqlhMHNpfFcI+fefY/xl0IfGlXGhntyvT01UD4iY=");
 }
 
-TEST(Signature, MatchesOneShotHmacForLargeBodies) {
-    unsigned char key[40];
-    for (int i = 0; i < 40; i++) key[i] = static_cast<unsigned char>(0xa5 ^ i);
-    for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65},
-                            std::size_t{4096}, std::size_t{1} << 20}) {
-        std::string body(len, '\0');
-        for (std::size_t i = 0; i < len; i++) body[i] = static_cast<char>((i * 131) & 0xff);
-        std::string id = "01J8Z3M0X6K9Q2R5T7V1W3Y5A7";
-        int64_t ts = 1795980427;
-        std::string msg = id + "." + std::to_string(ts) + "." + body;
-        unsigned char mac[32];
-        unsigned int maclen = 0;
-        ASSERT_NE(HMAC(EVP_sha256(), key, sizeof key, reinterpret_cast<const unsigned char *>(msg.data()), msg.size(),
-                       mac, &maclen),
-                  nullptr);
-        ASSERT_EQ(maclen, 32u);
-        char b64[45];
-        std::size_t n = od::base64_encode(mac, 32, b64);
-        EXPECT_EQ(sign(key, sizeof key, id, ts, body), "v1," + std::string(b64, n)) << len;
+TEST(Signature, MatchesOneShotHmacForLargeBodiesAndKeys) {
+    // keys shorter than, as long as and longer than the SHA-256 block (a longer one is hashed first)
+    for (std::size_t keylen : {std::size_t{16}, std::size_t{40}, std::size_t{64}, std::size_t{65}, std::size_t{256}}) {
+        unsigned char key[256];
+        for (std::size_t i = 0; i < keylen; i++) key[i] = static_cast<unsigned char>(0xa5 ^ i);
+        for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65},
+                                std::size_t{4096}, std::size_t{1} << 20}) {
+            std::string body(len, '\0');
+            for (std::size_t i = 0; i < len; i++) body[i] = static_cast<char>((i * 131) & 0xff);
+            std::string id = "01J8Z3M0X6K9Q2R5T7V1W3Y5A7";
+            int64_t ts = 1795980427;
+            std::string msg = id + "." + std::to_string(ts) + "." + body;
+            unsigned char mac[32];
+            unsigned int maclen = 0;
+            ASSERT_NE(HMAC(EVP_sha256(), key, static_cast<int>(keylen),
+                           reinterpret_cast<const unsigned char *>(msg.data()), msg.size(), mac, &maclen),
+                      nullptr);
+            ASSERT_EQ(maclen, 32u);
+            char b64[45];
+            std::size_t n = od::base64_encode(mac, 32, b64);
+            EXPECT_EQ(sign(key, keylen, id, ts, body), "v1," + std::string(b64, n)) << len << " " << keylen;
+        }
     }
 }
 
