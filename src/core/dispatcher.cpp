@@ -468,7 +468,8 @@ void Dispatcher::fail_token_waiters(const std::string &endpoint, const char *why
             o.attempts = m.attempts;
             o.verdict = m.attempts >= max_attempts_for(&ep.cfg) ? Verdict::Dead : Verdict::Retry;
             o.delay_ms = full_jitter_ms(m.attempts, backoff_for(&ep.cfg), rng_());
-            o.latency_ms = 0; /* the endpoint's failure: its breaker hears of it */
+            o.latency_ms = -1; /* no request made: no latency */
+            o.unsent_endpoint_failure = true; /* but the endpoint's failure: its breaker hears of it */
             std::snprintf(o.error, sizeof o.error, "not sent: %s", why);
             outcomes_.push_back(o);
         } catch (...) {

@@ -103,9 +103,16 @@ struct DeliveryOutcome {
      * no breaker or endpoint statistics.  latency_ms is then < 0 as well.
      */
     bool local_failure;
+    /*
+     * Not sent for the endpoint's own failure (its OAuth token endpoint
+     * gave no token): a charged Retry/Dead that the breaker and
+     * disable_after hear of, with latency_ms < 0 so no latency statistic
+     * counts a request that was never made.
+     */
+    bool unsent_endpoint_failure;
     int endpoint_tag;  /* the message's endpoint_tag */
     int http_status;   /* 0 = none */
-    double latency_ms; /* < 0: not sent, or a local failure */
+    double latency_ms; /* < 0: not sent (see unsent_endpoint_failure), or a local failure */
     char error[kOutcomeErrorSize];
     /* for the attempt log (outbox.attempts) */
     int attempts;             /* the message's attempt count, this one included */

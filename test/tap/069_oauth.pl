@@ -211,6 +211,10 @@ my $waiting = q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'oa_down' 
 ok($node->poll($waiting, '3', 20), 'oa_down: token endpoint 503: the 3 messages are retries (pending, attempted, "not sent: no OAuth2 access token")');
 like($node->safe_psql('postgres', "SELECT last_error FROM outbox.messages WHERE id = $down[0]"), qr/\b503\b/,
 	'oa_down: last_error says what the token endpoint answered (503)');
+# the endpoint's failures, yet no request was made: endpoint_health counts them, no latency
+is($node->safe_psql('postgres', q{SELECT failed >= 3, latency_avg_ms IS NULL, latency_max_ms IS NULL
+                                    FROM outbox.endpoint_health WHERE endpoint = 'oa_down'}), 't|t|t',
+	'oa_down: endpoint_health counts the failures (failed >= 3) but no latency for requests never made');
 ok(scalar $sink->wait_requests(2, path => '/token4', timeout => 10), 'oa_down: the token request is tried again');
 my @tt = map { $_->{t} } @{ $sink->requests('/token4') };
 cmp_ok(($tt[1] // 0) - ($tt[0] // 0), '>=', 0.8, sprintf('oa_down: backed off: %.3f s between the first two token requests, not one per retry', ($tt[1] // 0) - ($tt[0] // 0)));

@@ -1207,7 +1207,9 @@ TEST(DispatcherOAuth, TokenFetchedWholeThenA401IsSentAgainOnceWithANewerToken) {
     ASSERT_EQ(d.outcomes().size(), 1u);
     EXPECT_EQ(d.outcomes()[0].verdict, od::Verdict::Retry);
     EXPECT_FALSE(d.outcomes()[0].refund);
-    EXPECT_EQ(d.outcomes()[0].latency_ms, 0);
+    EXPECT_LT(d.outcomes()[0].latency_ms, 0);  // no request made: no latency statistic counts it
+    EXPECT_TRUE(d.outcomes()[0].unsent_endpoint_failure);  // but the breaker hears of it
+    EXPECT_FALSE(d.outcomes()[0].local_failure);
     EXPECT_STREQ(d.outcomes()[0].error, "not sent: no OAuth2 access token: token endpoint answered 503");
     EXPECT_EQ(d.queued(), 0u);
     EXPECT_EQ(server.requests().size(), 3u);
