@@ -54,8 +54,10 @@
  * as documented.  The status test is written
  * "(status = 'processing') IS TRUE" (same meaning: status is NOT NULL) so
  * that the planner cannot match it to messages_leased and walk that whole
- * index (and its not-yet-vacuumed entries): the join must probe the primary
- * key once per result.  A result whose row was not
+ * index (and its not-yet-vacuumed entries).  The rows are read by
+ * "m.id = ANY ($1)", an index condition on the primary key (one probe per
+ * result, whatever the statistics say), and joined to the results by a hash
+ * join (see "Plans" below).  A result whose row was not
  * updated lost its lease to a newer claim (or to the reaper): it is counted
  * in shared memory and logged; the newer owner's state stands.
  */
@@ -227,7 +229,7 @@ static const char *const SQL_CLAIM[2][2] = {
     "              $9::timestamptz[])" \
     "       AS r(id, ver, status, delay, error, http_status, refund, lease_until)" \
     " WHERE m.id = r.id AND m.lease_version = r.ver AND (m.status = 'processing') IS TRUE" \
-    "   AND (r.lease_until IS NULL OR m.lease_until = r.lease_until) " \
+    "   AND (r.lease_until IS NULL OR m.lease_until = r.lease_until) AND m.id = ANY ($1::bigint[]) " \
     "RETURNING m.id"
 
 /*
@@ -311,7 +313,15 @@ static const char *const SQL_ENQUEUE =
  * and merge joins, sorts (and JIT, which those penalties would trigger).
  * The planner is left with the index paths whatever the statistics say, so
  * every statement is planned once, on whatever the table holds then, and
- * kept (a generic plan: no planning per claim).  In other sessions (the
+ * kept (a generic plan: no planning per claim).  The finalize is the one
+ * join: planned on a table the statistics say is empty, a nested loop
+ * reading messages as its outer side by a whole walk of the primary key
+ * (one row, the planner thinks) cost less than probing it once per result,
+ * and that plan then walked every retained row on every finalize (65 % of
+ * the workers' CPU under a sustained load).  So the finalize reads
+ * messages only by "m.id = ANY ($1)" (probes, the only index path it has)
+ * and is planned with nested loops off and hash joins on: the results and
+ * the rows read are joined by hashing either side, linear in the batch.  In other sessions (the
  * SQL functions) the caller's settings stand, so the statements whose best
  * plan depends on the batch and the table (claim, reap, purge: ORDER BY ...
  * LIMIT $n) and the finalize are planned with their actual parameters every
@@ -580,7 +590,26 @@ od_finalize(OdFinalize *items, int n, int flags)
     args[7] = od_us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
     args[8] = PointerGetDatum(od_build_array(untils, until_nulls, n, TIMESTAMPTZOID));
 
-    rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
+    if (plan_shapes_fixed)
+    {
+        /*
+         * Any replanning happens inside the execution: the join shape for it
+         * (see "Plans"), for this statement only.  PGC_S_SESSION with
+         * GUC_ACTION_SAVE, as a function's SET clause: the session's values
+         * (PGC_S_OVERRIDE, which would change them for good) come back
+         * below, or at the transaction's abort.
+         */
+        int nest = NewGUCNestLevel();
+
+        (void) set_config_option("enable_nestloop", "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
+                                 false);
+        (void) set_config_option("enable_hashjoin", "on", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
+                                 false);
+        rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
+        AtEOXact_GUC(true, nest);
+    }
+    else
+        rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)
         elog(ERROR, "outbox_dispatcher: finalize failed: %s", SPI_result_code_string(rc));
 

@@ -17,7 +17,11 @@
 #   - claims without a lease check happen, and lease checks are few (each
 #     one is due only at a deadline, or 5 s after the last one);
 #   - the expired lease is taken over and the exhausted one reaped, each
-#     within a few seconds of its deadline.
+#     within a few seconds of its deadline;
+#   - the finalize reads messages by primary-key probes only (id = ANY) and
+#     joins them to its results by hashing, also when its plan was made on
+#     a table analyzed empty that then grew (3,000 rows): planned so, a
+#     nested loop walked the whole primary key on every finalize.
 #
 # Run: see 010_delivery.pl.
 use strict;
@@ -51,6 +55,27 @@ $node->safe_psql(
 CREATE EXTENSION outbox_dispatcher;
 INSERT INTO outbox.endpoints (name, url) VALUES ('default', '$url');
 });
+
+# the workers' finalize (UPDATE ... FROM unnest(results)), as auto_explain logs it
+sub is_finalize
+{
+	my ($e) = @_;
+	return $e =~ /SET status = CASE r\.status/;
+}
+
+# a finalize plan reads outbox.messages only by probes of the primary key, one per result
+# (id = ANY (the results' ids), or id = r.id per result), never by a walk of it
+sub finalize_probes_only
+{
+	my ($e) = @_;
+	my @scans = $e =~ /(\w[\w ]*Scan\b[^\n]* on messages m\b[^\n]*\n(?:[^\n]*\n)?)/g;
+	return 0 unless @scans;
+	for my $s (@scans)
+	{
+		return 0 unless $s =~ /Index Scan using messages_pkey on messages m/ && $s =~ /Index Cond: \(id = (?:ANY \(|r\.id\))/;
+	}
+	return 1;
+}
 
 sub enqueue_sql
 {
@@ -132,8 +157,11 @@ for my $e (@entries)
 	{
 		$bad //= "expired-lease statement without messages_leased:\n$e";
 	}
-	for my $shape (qr/Seq Scan on messages/, qr/Bitmap Heap Scan on messages/, qr/Hash Join/, qr/Merge Join/,
-		qr/Sort Key: \S*(?:lease_until|available_at|done_at)/)
+	# the finalize joins the batch's results to the rows it probed by hashing (checked below)
+	my @shapes = (qr/Seq Scan on messages/, qr/Bitmap Heap Scan on messages/, qr/Merge Join/,
+		qr/Sort Key: \S*(?:lease_until|available_at|done_at)/);
+	push @shapes, qr/Hash Join/ unless is_finalize($e);
+	for my $shape (@shapes)
 	{
 		$bad //= "plan shape $shape:\n$e" if $e =~ $shape;
 	}
@@ -149,6 +177,40 @@ cmp_ok($claims - $checked_claims, '>=', 10, 'most claims run without a lease che
 my $allowed = 2 * (3 + int($elapsed / 5) + 1);
 cmp_ok($checked_claims, '<=', $allowed, "lease checks are few ($checked_claims in ${\ sprintf('%.1f', $elapsed)} s)");
 cmp_ok($reaps, '<=', $allowed, "reaps run only with a lease check ($reaps)");
+
+my @finalizes = grep { is_finalize($_) } @worker_plans;
+cmp_ok(scalar(@finalizes), '>=', 5, 'finalize plans logged (' . scalar(@finalizes) . ')');
+is(scalar(grep { !finalize_probes_only($_) } @finalizes), 0,
+	'every finalize reads outbox.messages by primary-key probes only');
+
+# 4. statistics taken on an empty table, then the table grows without an
+# ANALYZE (a drained queue analyzed, or TRUNCATE and VACUUM ANALYZE): the
+# workers replan on the empty table, where a walk of the whole primary key
+# looks as cheap as one probe per result; the finalize must still probe
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = off; SELECT pg_reload_conf();});
+ok(poll_until($node, q{SELECT bool_and(state = 'paused') FROM outbox.worker_stats}, 't', 30), 'workers paused');
+$node->safe_psql('postgres', q{TRUNCATE outbox.messages; VACUUM ANALYZE outbox.messages;});
+$log_offset = -s $node->logfile;
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = on; SELECT pg_reload_conf();});
+for my $i (1 .. 10)
+{
+	$node->safe_psql('postgres', enqueue_sql(1, 'empty', 'false'));
+	sleep 0.05;
+}
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status <> 'done'}, '0', 30),
+	'10 messages delivered on a table analyzed empty');
+# no ANALYZE, no DDL from here on: the plans made above stay
+$node->safe_psql('postgres', enqueue_sql(3000, 'grown', 'false'));
+ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status <> 'done'}, '0', 60),
+	'3,000 more messages delivered on the grown table');
+sleep 0.5;
+$log = slurp_file($node->logfile, $log_offset);
+@finalizes = grep { /\] outbox_dispatcher worker: LOG:  duration: [\d.]+ ms  plan:/ && is_finalize($_) }
+  split /\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] )/, $log;
+cmp_ok(scalar(@finalizes), '>=', 10, 'finalize plans logged since the empty ANALYZE (' . scalar(@finalizes) . ')');
+my @walks = grep { !finalize_probes_only($_) } @finalizes;
+is(scalar(@walks), 0, 'planned on a table analyzed empty, the finalize still reads messages by primary-key probes only')
+  or diag(substr($walks[0], 0, 3000));
 
 $sink->stop;
 $node->stop;
