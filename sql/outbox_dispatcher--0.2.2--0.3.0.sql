@@ -182,6 +182,21 @@ CREATE FUNCTION @extschema@._message_xid_first()
     AS 'MODULE_PATHNAME', 'od_message_xid_first'
     LANGUAGE C;
 
+DROP TRIGGER messages_check ON @extschema@.messages;
+-- Validates headers and payload size of every new row, whether it comes
+-- from enqueue() or from a plain INSERT by the application (BEFORE: it also
+-- completes the row), and of every update of a column that ends up on the
+-- wire (AFTER, so that the workers' updates, which name none of them, lock
+-- no row for it: a BEFORE ROW UPDATE trigger of any column list would).
+CREATE TRIGGER messages_check
+    BEFORE INSERT
+    ON @extschema@.messages
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._message_check();
+CREATE TRIGGER messages_check_update
+    AFTER UPDATE OF aggregate_type, aggregate_id, event_type, headers, payload
+    ON @extschema@.messages
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._message_check();
+
 -- The inserting transaction gets its xid before the statement draws a
 -- message id, so ordered_after (set by messages_check) covers every
 -- transaction that holds a lower id.

@@ -339,10 +339,16 @@ CREATE FUNCTION @extschema@._message_check()
     LANGUAGE C;
 
 -- Validates headers and payload size of every new row, whether it comes
--- from enqueue() or from a plain INSERT by the application, and of every
--- update of a column that ends up on the wire.
+-- from enqueue() or from a plain INSERT by the application (BEFORE: it also
+-- completes the row), and of every update of a column that ends up on the
+-- wire (AFTER, so that the workers' updates, which name none of them, lock
+-- no row for it: a BEFORE ROW UPDATE trigger of any column list would).
 CREATE TRIGGER messages_check
-    BEFORE INSERT OR UPDATE OF aggregate_type, aggregate_id, event_type, headers, payload
+    BEFORE INSERT
+    ON @extschema@.messages
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._message_check();
+CREATE TRIGGER messages_check_update
+    AFTER UPDATE OF aggregate_type, aggregate_id, event_type, headers, payload
     ON @extschema@.messages
     FOR EACH ROW EXECUTE FUNCTION @extschema@._message_check();
 

@@ -407,14 +407,32 @@ od_check_message_values(Datum aggregate_type, Datum aggregate_id, Datum event_ty
         check_available_at(available_at);
 }
 
+/*
+ * messages_check (BEFORE INSERT, ROW) checks and completes every new row;
+ * messages_check_update (AFTER UPDATE OF the wire columns, ROW) checks an
+ * update of those columns: an error there undoes the statement all the
+ * same.  The update check is an AFTER trigger because any BEFORE ROW UPDATE
+ * trigger, even one whose columns an UPDATE does not name, makes the
+ * executor lock each row before updating it: one more WAL record for each
+ * message the workers finalize.
+ */
 extern "C" Datum
 od_message_check(PG_FUNCTION_ARGS)
 {
-    TriggerData *trig = row_trigger_data(fcinfo, "_message_check");
-    HeapTuple    tup = new_row(trig);
+    TriggerData *trig = (TriggerData *) fcinfo->context;
+    HeapTuple    tup;
     bool         isnull;
     Datum        d;
 
+    /* (schemas before 0.3.0 fire it BEFORE UPDATE: checked the same way) */
+    if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_FOR_ROW(trig->tg_event) ||
+        !(TRIGGER_FIRED_BY_UPDATE(trig->tg_event) ||
+          (TRIGGER_FIRED_BY_INSERT(trig->tg_event) && TRIGGER_FIRED_BEFORE(trig->tg_event))))
+        ereport(ERROR,
+                (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+                 errmsg("function \"%s\" must be fired BEFORE INSERT or on UPDATE, for each row",
+                        "_message_check")));
+    tup = new_row(trig);
     reject_nulls(trig, tup);
 
     check_header_safe_text(trig, tup, "aggregate_type", false);

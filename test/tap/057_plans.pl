@@ -200,9 +200,19 @@ for my $i (1 .. 10)
 ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status <> 'done'}, '0', 30),
 	'10 messages delivered on a table analyzed empty');
 # no ANALYZE, no DDL from here on: the plans made above stay
+my $lsn0 = $node->safe_psql('postgres', 'SELECT pg_current_wal_insert_lsn()');
 $node->safe_psql('postgres', enqueue_sql(3000, 'grown', 'false'));
 ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status <> 'done'}, '0', 60),
 	'3,000 more messages delivered on the grown table');
+my $lsn1 = $node->safe_psql('postgres', 'SELECT pg_current_wal_insert_lsn()');
+
+# row locks written to the WAL: the claim's FOR UPDATE SKIP LOCKED, one per
+# message (and one before each update that moves the row to another page);
+# none for the finalize, which no BEFORE ROW UPDATE trigger makes lock first
+my ($stats) = run_command([ 'pg_waldump', '-p', $node->data_dir . '/pg_wal', '-s', $lsn0, '-e', $lsn1, '--stats=record' ]);
+my ($locks) = $stats =~ /^Heap\/LOCK\s+(\d+)/m;
+$locks //= 0;
+cmp_ok($locks / 3000, '<', 1.5, sprintf('%.2f row-lock WAL records per delivered message (claim only, not finalize)', $locks / 3000));
 sleep 0.5;
 $log = slurp_file($node->logfile, $log_offset);
 @finalizes = grep { /\] outbox_dispatcher worker: LOG:  duration: [\d.]+ ms  plan:/ && is_finalize($_) }
