@@ -55,25 +55,8 @@ cleanup() {
 trap cleanup EXIT
 
 # ---------------------------------------------------------------- nginx
-mkdir -p "$WORK/nginx/logs"
-cat > "$WORK/nginx.conf" <<EOF
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    keepalive_timeout 75s;
-    client_body_temp_path $WORK/nginx/body;
-    proxy_temp_path $WORK/nginx/proxy;
-    fastcgi_temp_path $WORK/nginx/fastcgi;
-    uwsgi_temp_path $WORK/nginx/uwsgi;
-    scgi_temp_path $WORK/nginx/scgi;
-    server { listen 127.0.0.1:$NGINX_PORT; location / { return 200 "ok"; } }
-}
-EOF
-nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" -e "$WORK/nginx/logs/error.log"
+. "$ROOT/test/bench/nginx_sink.sh"
+start_nginx "$WORK" "$NGINX_PORT"
 
 # ---------------------------------------------------------------- sink for latency
 /usr/bin/python3 "$ROOT/test/sink/sink.py" --port 0 --port-file "$WORK/sink.port" >/dev/null 2>&1 &

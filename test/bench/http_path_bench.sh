@@ -34,26 +34,8 @@ trap cleanup EXIT
 g++ -std=c++17 -O2 -g -I"$ROOT/src" -o "$WORK/http_path" "$ROOT/test/bench/http_path.cpp" \
     $(ls "$ROOT"/src/core/*.cpp) -lcurl -lcrypto
 
-mkdir -p "$WORK/nginx/logs"
-cat > "$WORK/nginx.conf" <<CONF
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    keepalive_timeout 75s;
-    client_body_temp_path $WORK/nginx/body;
-    proxy_temp_path $WORK/nginx/proxy;
-    fastcgi_temp_path $WORK/nginx/fastcgi;
-    uwsgi_temp_path $WORK/nginx/uwsgi;
-    scgi_temp_path $WORK/nginx/scgi;
-    server { listen 127.0.0.1:$PORT; location / { return 200 "ok"; } }
-}
-CONF
-nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" -e "$WORK/nginx/logs/error.log" 2>/dev/null
-for _ in $(seq 50); do [ -s "$WORK/nginx.pid" ] && break; sleep 0.1; done
+. "$ROOT/test/bench/nginx_sink.sh"
+start_nginx "$WORK" "$PORT"
 
 echo "http_path: $N signed deliveries, batch $BATCH, $(nproc) cores, $(curl-config --version 2>/dev/null || echo libcurl)"
 for i in $(seq "$RUNS"); do
