@@ -321,11 +321,11 @@ static const char *const SQL_ENQUEUE =
  * the workers' CPU under a sustained load).  So the finalize reads
  * messages only by "m.id = ANY ($1)" (probes, the only index path it has)
  * and is planned with nested loops off and hash joins on: the results and
- * the rows read are joined by hashing either side, linear in the batch.  In other sessions (the
- * SQL functions) the caller's settings stand, so the statements whose best
- * plan depends on the batch and the table (claim, reap, purge: ORDER BY ...
- * LIMIT $n) and the finalize are planned with their actual parameters every
- * time (custom plans): a generic plan cached while the queue was empty
+ * the rows read are joined by hashing either side, linear in the batch.
+ * In other sessions (the SQL functions) the caller's settings stand, so
+ * the statements whose best plan depends on the batch and the table (claim,
+ * reap, purge: ORDER BY ... LIMIT $n) and the finalize are planned with
+ * their actual parameters every time (custom plans): a generic plan cached while the queue was empty
  * once took 13.7 s per claim once the table had grown.
  */
 static bool plan_shapes_fixed = false;
@@ -545,6 +545,7 @@ od_finalize(OdFinalize *items, int n, int flags)
     int64           *applied_ids;
     int              napplied;
     int              rc;
+    int              nest = 0; /* > 0: the GUC nest level of the finalize's plan settings */
 
     if (n <= 0)
         return 0;
@@ -599,17 +600,15 @@ od_finalize(OdFinalize *items, int n, int flags)
          * (PGC_S_OVERRIDE, which would change them for good) come back
          * below, or at the transaction's abort.
          */
-        int nest = NewGUCNestLevel();
-
+        nest = NewGUCNestLevel();
         (void) set_config_option("enable_nestloop", "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
                                  false);
         (void) set_config_option("enable_hashjoin", "on", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
                                  false);
-        rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
-        AtEOXact_GUC(true, nest);
     }
-    else
-        rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
+    rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
+    if (nest > 0)
+        AtEOXact_GUC(true, nest);
     if (rc != SPI_OK_UPDATE_RETURNING)
         elog(ERROR, "outbox_dispatcher: finalize failed: %s", SPI_result_code_string(rc));
 

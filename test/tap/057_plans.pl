@@ -56,6 +56,15 @@ CREATE EXTENSION outbox_dispatcher;
 INSERT INTO outbox.endpoints (name, url) VALUES ('default', '$url');
 });
 
+# the plans auto_explain logged for the workers' statements on outbox.messages since $offset
+sub worker_plans
+{
+	my ($offset) = @_;
+	my $log = slurp_file($node->logfile, $offset);
+	return grep { /\] outbox_dispatcher worker: LOG:  duration: [\d.]+ ms  plan:/ && /outbox\.messages/ }
+	  split /\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] )/, $log;
+}
+
 # the workers' finalize (UPDATE ... FROM unnest(results)), as auto_explain logs it
 sub is_finalize
 {
@@ -139,15 +148,11 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages WHERE sta
 sleep 0.5;
 
 # ---------------------------------------------------------------- the plans
-my $log = slurp_file($node->logfile, $log_offset);
-my @entries = split /\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] )/, $log;
-my (@worker_plans, $claims, $checked_claims, $reaps, $bad);
+my @worker_plans = worker_plans($log_offset);
+my ($claims, $checked_claims, $reaps, $bad);
 $claims = $checked_claims = $reaps = 0;
-for my $e (@entries)
+for my $e (@worker_plans)
 {
-	next unless $e =~ /\] outbox_dispatcher worker: LOG:  duration: [\d.]+ ms  plan:/;
-	next unless $e =~ /outbox\.messages/;
-	push @worker_plans, $e;
 	my $is_claim = $e =~ /SET status = 'processing'/;
 	my $expired = $e =~ /lease_until < now\(\)/;
 	$claims++ if $is_claim;
@@ -214,9 +219,7 @@ my ($locks) = $stats =~ /^Heap\/LOCK\s+(\d+)/m;
 $locks //= 0;
 cmp_ok($locks / 3000, '<', 1.5, sprintf('%.2f row-lock WAL records per delivered message (claim only, not finalize)', $locks / 3000));
 sleep 0.5;
-$log = slurp_file($node->logfile, $log_offset);
-@finalizes = grep { /\] outbox_dispatcher worker: LOG:  duration: [\d.]+ ms  plan:/ && is_finalize($_) }
-  split /\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] )/, $log;
+@finalizes = grep { is_finalize($_) } worker_plans($log_offset);
 cmp_ok(scalar(@finalizes), '>=', 10, 'finalize plans logged since the empty ANALYZE (' . scalar(@finalizes) . ')');
 my @walks = grep { !finalize_probes_only($_) } @finalizes;
 is(scalar(@walks), 0, 'planned on a table analyzed empty, the finalize still reads messages by primary-key probes only')
