@@ -68,7 +68,7 @@ process_new_outcomes(void)
         if (probe)
             h->probe_id = 0;
         W.places_released = true;
-        if ((o.latency_ms < 0 && !o.unsent_endpoint_failure) || o.local_failure)
+        if (!o.counts_for_endpoint())
         {
             /* never sent, or failed on our side (released at shutdown, not sendable,
              * out of file descriptors): not the endpoint's doing */

@@ -121,6 +121,12 @@ struct DeliveryOutcome {
     char retry_after[64];     /* the response's Retry-After, "" if none */
     std::size_t body_len;     /* bytes of body */
     char body[kBodyCap];      /* first bytes of the response body, raw */
+
+    /* The endpoint's doing, for its breaker and disable_after: an answer or a transport failure
+     * of a request made, or an unsent_endpoint_failure; never a local failure. */
+    bool counts_for_endpoint() const noexcept {
+        return !local_failure && (latency_ms >= 0 || unsent_endpoint_failure);
+    }
 };
 
 struct DispatcherSettings {

@@ -489,6 +489,7 @@ TEST(Dispatcher, ClassifiesOutcomes) {
     for (int i = 1; i <= 4; i++) {
         EXPECT_EQ(by_id[i].verdict, od::Verdict::Done) << i;
         EXPECT_EQ(by_id[i].http_status, 200);
+        EXPECT_TRUE(by_id[i].counts_for_endpoint()) << i;
     }
     EXPECT_EQ(by_id[5].verdict, od::Verdict::Retry);
     EXPECT_GE(by_id[5].delay_ms, 7000); // never sooner than Retry-After: 7
@@ -865,6 +866,7 @@ TEST(LocalFailure, SubmitFailureIsRefundedNotDead) {
         EXPECT_TRUE(o.refund) << o.id;
         EXPECT_TRUE(o.local_failure) << o.id;
         EXPECT_EQ(o.latency_ms, -1) << o.id;
+        EXPECT_FALSE(o.counts_for_endpoint()) << o.id;
         EXPECT_EQ(o.endpoint_tag, 3) << o.id;
         EXPECT_GE(o.delay_ms, 1000) << o.id;
         EXPECT_LE(o.delay_ms, 2000) << o.id;
@@ -1210,6 +1212,7 @@ TEST(DispatcherOAuth, TokenFetchedWholeThenA401IsSentAgainOnceWithANewerToken) {
     EXPECT_LT(d.outcomes()[0].latency_ms, 0);  // no request made: no latency statistic counts it
     EXPECT_TRUE(d.outcomes()[0].unsent_endpoint_failure);  // but the breaker hears of it
     EXPECT_FALSE(d.outcomes()[0].local_failure);
+    EXPECT_TRUE(d.outcomes()[0].counts_for_endpoint());
     EXPECT_STREQ(d.outcomes()[0].error, "not sent: no OAuth2 access token: token endpoint answered 503");
     EXPECT_EQ(d.queued(), 0u);
     EXPECT_EQ(server.requests().size(), 3u);
