@@ -123,7 +123,7 @@ typedef struct OdWorker
     /* what we run on */
     od::Dispatcher     *disp;            /* the HTTP side: queues, requests in flight, outcomes */
     MemoryContext       cycle_ctx;       /* reset at the top of every loop iteration */
-    WaitEventSet       *wait_set;        /* latch, postmaster death and the engine's sockets */
+    WaitEventSet       *wait_set;        /* latch, postmaster death and the engine's poll descriptor */
     size_t              transfer_budget; /* transfers at once (file descriptors); 0 = no cap */
 
     /* the installed extension */

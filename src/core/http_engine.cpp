@@ -33,7 +33,10 @@
 
 #include <curl/curl.h>
 
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -210,6 +213,7 @@ HttpEngine::~HttpEngine() {
     }
     idle_.clear();
     if (multi_) curl_multi_cleanup(multi_);
+    if (epfd_ >= 0) ::close(epfd_);
 }
 
 bool HttpEngine::init(const HttpEngineOptions &opts) noexcept {
@@ -225,6 +229,13 @@ bool HttpEngine::init(const HttpEngineOptions &opts) noexcept {
         if (opts.ca_file && *opts.ca_file) ca_file_ = opts.ca_file;
         user_agent_ = opts.user_agent ? opts.user_agent : "outbox_dispatcher";
         max_connections_ = opts.max_connections;
+        if (epfd_ < 0) {
+            epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+            if (epfd_ < 0) {
+                last_error_ = std::string("epoll_create1 failed: ") + std::strerror(errno);
+                return false;
+            }
+        }
         return setup_multi();
     } catch (...) {
         last_error_ = "out of memory";
@@ -264,11 +275,8 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
     if (retire_pool_) {
         if (running_.empty()) {
             /* nothing in flight: close every pooled connection with the multi handle */
-            curl_multi_cleanup(multi_);
+            curl_multi_cleanup(multi_); /* closing a socket also takes it out of epfd_ */
             multi_ = nullptr;
-            socket_what_.clear();
-            socket_list_.clear();
-            sockets_dirty_ = true;
             deadline_us_ = -1;
             if (!setup_multi()) return false;
             retire_pool_ = false;
@@ -416,36 +424,25 @@ void HttpEngine::release(Transfer *t) noexcept {
     }
 }
 
-const std::vector<HttpSocket> &HttpEngine::sockets() noexcept {
-    if (sockets_dirty_) {
-        socket_list_.clear();
-        try {
-            for (const auto &kv : socket_what_) {
-                HttpSocket s;
-                s.fd = kv.first;
-                s.want_read = (kv.second == CURL_POLL_IN || kv.second == CURL_POLL_INOUT);
-                s.want_write = (kv.second == CURL_POLL_OUT || kv.second == CURL_POLL_INOUT);
-                if (s.want_read || s.want_write) socket_list_.push_back(s);
-            }
-        } catch (...) {
-            /* out of memory: a shorter list only delays progress until the timeout */
-        }
-        sockets_dirty_ = false;
-    }
-    return socket_list_;
-}
-
+/*
+ * libcurl says what it wants of a socket: the epoll set follows at once.
+ * Level-triggered, so readiness nobody acted on is reported again.  A
+ * socket libcurl closes leaves the set by itself (REMOVE comes first
+ * anyway); an ADD that finds the descriptor still registered (a number
+ * reused) becomes a MOD, and a MOD that finds none an ADD.
+ */
 int HttpEngine::socket_cb(int fd, int what) noexcept {
-    try {
-        if (what == CURL_POLL_REMOVE)
-            socket_what_.erase(fd);
-        else
-            socket_what_[fd] = what;
-    } catch (...) {
-        return -1;
+    if (what == CURL_POLL_REMOVE) {
+        ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr); /* ENOENT/EBADF: already gone */
+        return 0;
     }
-    sockets_dirty_ = true;
-    return 0;
+    struct epoll_event ev {};
+    ev.events = ((what == CURL_POLL_IN || what == CURL_POLL_INOUT) ? EPOLLIN : 0u) |
+                ((what == CURL_POLL_OUT || what == CURL_POLL_INOUT) ? EPOLLOUT : 0u);
+    ev.data.fd = fd;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
+    if (errno == ENOENT && ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) == 0) return 0;
+    return -1; /* libcurl fails the transfers on this socket */
 }
 
 namespace {
@@ -466,10 +463,34 @@ long HttpEngine::timeout_ms() const noexcept {
     return left <= 0 ? 0 : static_cast<long>((left + 999) / 1000);
 }
 
-void HttpEngine::on_socket(int fd, bool readable, bool writable) noexcept {
-    int ev = (readable ? CURL_CSELECT_IN : 0) | (writable ? CURL_CSELECT_OUT : 0);
-    curl_multi_socket_action(multi_, static_cast<curl_socket_t>(fd), ev, &still_running_);
+void HttpEngine::on_socket(int fd, int ev_bitmask) noexcept {
+    curl_multi_socket_action(multi_, static_cast<curl_socket_t>(fd), ev_bitmask, &still_running_);
     collect();
+}
+
+void HttpEngine::on_poll_ready() noexcept {
+    struct epoll_event evs[64];
+    int n = ::epoll_wait(epfd_, evs, 64, 0);
+    for (int i = 0; i < n; i++) {
+        uint32_t e = evs[i].events;
+        /* a hang-up or error is read (libcurl then sees the end or the error) */
+        int bits = ((e & (EPOLLIN | EPOLLHUP | EPOLLERR)) ? CURL_CSELECT_IN : 0) | ((e & EPOLLOUT) ? CURL_CSELECT_OUT : 0);
+        on_socket(evs[i].data.fd, bits);
+    }
+    /* more than 64 ready: the rest stay ready (level-triggered) and are seen at the next wait */
+}
+
+void HttpEngine::wait(long max_ms) noexcept {
+    if (timeout_ms() == 0) on_timeout();
+    long t = timeout_ms();
+    if (t < 0 || t > max_ms) t = max_ms;
+    struct pollfd p {
+        epfd_, POLLIN, 0
+    };
+    if (::poll(&p, 1, static_cast<int>(t)) > 0)
+        on_poll_ready();
+    else if (timeout_ms() == 0)
+        on_timeout();
 }
 
 void HttpEngine::on_timeout() noexcept {

@@ -3,11 +3,18 @@
  * libcurl multi "socket" interface, driven by the caller's event loop.
  *
  * Pure C++ (no PostgreSQL headers).  The dispatcher worker owns the wait:
- * it asks the engine which sockets to watch (sockets()/sockets_changed())
- * and for how long (timeout_ms()), waits on those sockets *and* its latch in
- * one WaitEventSet, then reports readiness back (on_socket()/on_timeout()).
- * That keeps the worker responsive to commits, SIGHUP and SIGTERM while
- * requests are in flight, which curl_multi_poll() alone could not.
+ * the engine keeps every socket libcurl asks about in an epoll set of its
+ * own, updated the moment libcurl changes its interest (socket_cb), and
+ * exposes that set as one descriptor, poll_fd(), readable whenever one of
+ * the sockets is ready.  The worker waits on poll_fd() *and* its latch in
+ * one WaitEventSet built once, for as long as timeout_ms() allows, then
+ * hands readiness back (on_poll_ready()/on_timeout()).  That keeps the
+ * worker responsive to commits, SIGHUP and SIGTERM while requests are in
+ * flight, which curl_multi_poll() alone could not, and costs no system call
+ * per socket per wait (a WaitEventSet of the sockets themselves had to be
+ * rebuilt whenever one changed: epoll_create, one epoll_ctl per socket and
+ * a close, about twice per request).  Code without a latch waits with
+ * wait().
  *
  * Connections are kept alive in the multi handle's pool and reused across
  * submits.  Safety settings on every transfer: no redirects, http/https
@@ -77,12 +84,6 @@ struct TransferOptions {
     std::size_t keep_body = 0;
 };
 
-struct HttpSocket {
-    int fd;
-    bool want_read;
-    bool want_write;
-};
-
 struct HttpEngineOptions {
     const char *ca_file = nullptr;                /* nullptr: the system CA store */
     long max_connections = 256;                   /* size of the keep-alive pool */
@@ -115,15 +116,26 @@ class HttpEngine {
     /* Finished transfers waiting for drain(). */
     std::size_t completed() const noexcept { return done_.size(); }
 
-    /* Sockets to watch; sockets_changed() is true once after any change. */
-    const std::vector<HttpSocket> &sockets() noexcept;
-    bool sockets_changed() const noexcept { return sockets_dirty_; }
+    /*
+     * A descriptor that is readable while any socket of a transfer is ready
+     * for what libcurl wants of it (an epoll set, level-triggered); -1
+     * before init().  It stays the same for the engine's life.
+     */
+    int poll_fd() const noexcept { return epfd_; }
 
     /* Milliseconds until the engine needs on_timeout() (0 = now); -1 = no deadline. */
     long timeout_ms() const noexcept;
 
-    void on_socket(int fd, bool readable, bool writable) noexcept;
+    /* poll_fd() was readable: let libcurl act on every socket that is ready. */
+    void on_poll_ready() noexcept;
     void on_timeout() noexcept;
+
+    /*
+     * Wait up to max_ms (less if libcurl's timer is due sooner) for a socket,
+     * then act on what is ready or on the timer: the whole wait of a caller
+     * that has no latch (tests, benchmarks).
+     */
+    void wait(long max_ms) noexcept;
 
     /* Move finished transfers to out (appending); returns how many. */
     std::size_t drain(std::vector<HttpCompletion> &out) noexcept;
@@ -161,6 +173,7 @@ class HttpEngine {
 
   private:
     void collect() noexcept;
+    void on_socket(int fd, int ev_bitmask) noexcept;
     void release(Transfer *t) noexcept;
     void destroy(Transfer *t) noexcept;
     bool setup_multi() noexcept;
@@ -174,9 +187,7 @@ class HttpEngine {
     std::vector<HttpCompletion> done_;
     std::unordered_map<uint64_t, std::string> kept_bodies_; /* tag -> body (keep_body) */
     std::unordered_map<uint64_t, std::string> drained_bodies_; /* those of the last drain() */
-    std::unordered_map<int, int> socket_what_; /* fd -> CURL_POLL_* */
-    std::vector<HttpSocket> socket_list_;
-    bool sockets_dirty_ = true;
+    int epfd_ = -1; /* epoll set of the transfers' sockets (poll_fd()) */
     int64_t deadline_us_ = -1; /* steady clock; -1 = none */
     int still_running_ = 0;
     long max_connections_ = 256;

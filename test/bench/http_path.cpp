@@ -34,21 +34,7 @@ double cpu_seconds() {
 // Drive the engine until every transfer in flight finished.
 void drain(od::Dispatcher &d, int64_t now) {
     while (d.in_flight() > 0) {
-        const auto &socks = d.engine().sockets();
-        std::vector<pollfd> pfds;
-        pfds.reserve(socks.size());
-        for (const auto &s : socks)
-            pfds.push_back(pollfd{s.fd, static_cast<short>((s.want_read ? POLLIN : 0) | (s.want_write ? POLLOUT : 0)), 0});
-        long t = d.engine().timeout_ms();
-        if (t < 0 || t > 100) t = 100;
-        int r = ::poll(pfds.data(), pfds.size(), static_cast<int>(t));
-        if (r > 0) {
-            for (const auto &p : pfds)
-                if (p.revents)
-                    d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0, (p.revents & POLLOUT) != 0);
-        } else {
-            d.engine().on_timeout();
-        }
+        d.engine().wait(100);
         d.collect(now);
     }
 }

@@ -1,7 +1,8 @@
 // Unit tests for src/core/http_engine.cpp and src/core/dispatcher.cpp
 // against a small HTTP/1.1 server on loopback, run in a thread of the test.
-// The engine is driven the way the worker drives it: poll() on the sockets
-// it asks for, on_socket()/on_timeout(), drain().
+// The engine is driven the way the worker drives it: a wait on its poll
+// descriptor (wait(): poll() on poll_fd(), then on_poll_ready() or
+// on_timeout()), drain().
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -174,6 +175,13 @@ class LoopbackServer {
                 ::send(fd, h.data(), h.size(), MSG_NOSIGNAL);
                 ::close(fd);
                 return;
+            } else if (path == "/then-idle-close") {
+                // a keep-alive answer, then the server drops the idle connection (its idle timeout)
+                resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                ::send(fd, resp.data(), resp.size(), MSG_NOSIGNAL);
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                ::close(fd);
+                return;
             } else if (path == "/slowish") {
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
                 resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
@@ -233,24 +241,9 @@ std::vector<od::HttpCompletion> run_until(od::HttpEngine &e, size_t n, int max_m
     std::vector<od::HttpCompletion> out;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_ms);
     while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
-        if (e.timeout_ms() == 0) e.on_timeout();
         e.drain(out);
         if (out.size() >= n) break;
-        const auto &socks = e.sockets();
-        std::vector<pollfd> pfds;
-        for (const auto &s : socks)
-            pfds.push_back(
-                pollfd{s.fd, static_cast<short>((s.want_read ? POLLIN : 0) | (s.want_write ? POLLOUT : 0)), 0});
-        long t = e.timeout_ms();
-        if (t < 0 || t > 50) t = 50;
-        int r = ::poll(pfds.data(), pfds.size(), static_cast<int>(t));
-        if (r > 0) {
-            for (const auto &p : pfds)
-                if (p.revents)
-                    e.on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0, (p.revents & POLLOUT) != 0);
-        } else if (e.timeout_ms() == 0) {
-            e.on_timeout();
-        }
+        e.wait(50);
         e.drain(out);
     }
     return out;
@@ -297,6 +290,32 @@ TEST_F(HttpEngineTest, ManyConcurrentRequestsReuseConnections) {
     // 150 requests in three waves of 50: connections are kept alive and reused.
     EXPECT_LE(server.connections(), n);
     EXPECT_EQ(server.requests().size(), 150u);
+}
+
+// The poll descriptor holds only the sockets libcurl waits on: a pooled
+// connection the server closed while idle must not make it readable (the
+// worker would spin on it), and the next request replaces that connection.
+TEST_F(HttpEngineTest, PollDescriptorIgnoresIdlePooledConnections) {
+    const int fd = engine.poll_fd();
+    ASSERT_GE(fd, 0);
+    std::vector<std::string> headers;
+    for (int i = 0; i < 3; i++)
+        ASSERT_TRUE(engine.submit(static_cast<uint64_t>(i), server.url("/then-idle-close").c_str(), "{}", 2, headers, 5000));
+    auto done = run_until(engine, 3);
+    ASSERT_EQ(done.size(), 3u);
+    for (const auto &c : done) EXPECT_EQ(c.status, 200);
+    // the server closes the three idle connections 100 ms after answering
+    for (int i = 0; i < 100 && server.open_connections() > 0; i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(server.open_connections(), 0);
+    pollfd p{fd, POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 50), 0) << "an idle connection's end woke the poll descriptor";
+    EXPECT_EQ(engine.timeout_ms(), -1); // nothing to do, no timer either
+    ASSERT_TRUE(engine.submit(9, server.url("/ok").c_str(), "{}", 2, headers, 5000));
+    done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, 200);
+    EXPECT_EQ(engine.poll_fd(), fd); // one descriptor for the engine's life
 }
 
 TEST_F(HttpEngineTest, CapturesRetryAfterAndDoesNotFollowRedirects) {
@@ -469,17 +488,7 @@ TEST(Dispatcher, ClassifiesOutcomes) {
     EXPECT_EQ(d.queued(), 0u);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (d.outcomes().size() < 6 && std::chrono::steady_clock::now() < deadline) {
-        const auto &socks = d.engine().sockets();
-        std::vector<pollfd> pfds;
-        for (const auto &sk : socks)
-            pfds.push_back(
-                pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
-        if (d.engine().timeout_ms() == 0) d.engine().on_timeout();
-        if (::poll(pfds.data(), pfds.size(), 20) > 0)
-            for (const auto &p : pfds)
-                if (p.revents)
-                    d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0,
-                                         (p.revents & POLLOUT) != 0);
+        d.engine().wait(20);
         d.collect(1700000000);
         d.pump(1700000000);
     }
@@ -775,17 +784,7 @@ void drive(od::Dispatcher &d, size_t want, int max_ms, const std::function<void(
     d.pump(1700000000);
     if (after_pump) after_pump();
     while (d.outcomes().size() < want && std::chrono::steady_clock::now() < deadline) {
-        const auto &socks = d.engine().sockets();
-        std::vector<pollfd> pfds;
-        for (const auto &sk : socks)
-            pfds.push_back(
-                pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
-        if (d.engine().timeout_ms() == 0) d.engine().on_timeout();
-        if (::poll(pfds.data(), pfds.size(), 20) > 0)
-            for (const auto &p : pfds)
-                if (p.revents)
-                    d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0,
-                                         (p.revents & POLLOUT) != 0);
+        d.engine().wait(20);
         d.collect(1700000000);
         d.pump(1700000000);
         if (after_pump) after_pump();
@@ -1091,17 +1090,7 @@ TEST(Dispatcher, ReleaseQueuedKeepsTransfersInFlight) {
 static void drive(od::Dispatcher &d, const std::function<bool()> &pred, int max_ms = 10000) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_ms);
     while (!pred() && std::chrono::steady_clock::now() < deadline) {
-        const auto &socks = d.engine().sockets();
-        std::vector<pollfd> pfds;
-        for (const auto &sk : socks)
-            pfds.push_back(
-                pollfd{sk.fd, static_cast<short>((sk.want_read ? POLLIN : 0) | (sk.want_write ? POLLOUT : 0)), 0});
-        if (d.engine().timeout_ms() == 0) d.engine().on_timeout();
-        if (::poll(pfds.data(), pfds.size(), 20) > 0)
-            for (const auto &p : pfds)
-                if (p.revents)
-                    d.engine().on_socket(p.fd, (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0,
-                                         (p.revents & POLLOUT) != 0);
+        d.engine().wait(20);
         d.collect(1700000000);
         d.pump(1700000000);
     }
