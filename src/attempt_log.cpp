@@ -77,15 +77,36 @@ od_log_attempts(const OdAttempt *rows, int n)
         elog(ERROR, "outbox_dispatcher: writing outbox.attempts failed: %s", SPI_result_code_string(rc));
 }
 
-static bool
-query_bool(const char *sql, Datum cutoff)
+/*
+ * A statement on one partition, by its started_at when it names a cutoff.
+ * The workers' sessions disable bitmap scans (transitions.cpp); this one
+ * may use them, so that the started_at conditions read the partition's BRIN
+ * summary (and its not yet summarized tail) instead of every row: "are
+ * there rows before the cutoff" in today's partition otherwise read the
+ * whole day (121 ms for 300,000 rows, after every reload).
+ */
+static const OdPlanShape by_started_at[] = { { "enable_bitmapscan", "on" } };
+
+static int
+run_on_partition(const char *sql, Datum cutoff, bool read_only, long limit)
 {
     static const Oid types[1] = { TIMESTAMPTZOID };
     Datum            args[1] = { cutoff };
-    bool             isnull;
+    int              nest = od_plan_shapes_push(by_started_at, lengthof(by_started_at));
     int              rc;
 
-    rc = SPI_execute_with_args(sql, strchr(sql, '$') ? 1 : 0, const_cast<Oid *>(types), args, nullptr, true, 1);
+    rc = SPI_execute_with_args(sql, strchr(sql, '$') ? 1 : 0, const_cast<Oid *>(types), args, nullptr, read_only,
+                               limit);
+    od_plan_shapes_pop(nest);
+    return rc;
+}
+
+static bool
+query_bool(const char *sql, Datum cutoff)
+{
+    bool isnull;
+    int  rc = run_on_partition(sql, cutoff, true, 1);
+
     if (rc != SPI_OK_SELECT || SPI_processed != 1)
         elog(ERROR, "outbox_dispatcher: reading outbox.attempts failed: %s", SPI_result_code_string(rc));
     return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) && !isnull;
@@ -105,10 +126,8 @@ static void
 delete_older(const char *relname, TimestampTz cutoff)
 {
     char *sql = psprintf("DELETE FROM outbox.%s WHERE started_at < $1", relname);
-    Oid   type = TIMESTAMPTZOID;
-    Datum arg = TimestampTzGetDatum(cutoff);
 
-    if (SPI_execute_with_args(sql, 1, &type, &arg, nullptr, false, 0) != SPI_OK_DELETE)
+    if (run_on_partition(sql, TimestampTzGetDatum(cutoff), false, 0) != SPI_OK_DELETE)
         elog(ERROR, "outbox_dispatcher: expiring outbox.%s failed", relname);
 }
 

@@ -348,6 +348,34 @@ od_fix_plan_shapes(void)
     plan_shapes_fixed = true;
 }
 
+/*
+ * Other shapes for one statement of a worker: the settings are set as a
+ * function's SET clause sets them (PGC_S_SESSION, GUC_ACTION_SAVE; the
+ * session's own values, PGC_S_OVERRIDE, which would change them for good,
+ * come back at od_plan_shapes_pop or at the transaction's abort).  Outside
+ * the workers (the caller's settings stand) it does nothing and returns 0.
+ */
+int
+od_plan_shapes_push(const OdPlanShape *shapes, int n)
+{
+    int nest;
+
+    if (!plan_shapes_fixed)
+        return 0;
+    nest = NewGUCNestLevel();
+    for (int i = 0; i < n; i++)
+        (void) set_config_option(shapes[i].name, shapes[i].value, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
+                                 false);
+    return nest;
+}
+
+void
+od_plan_shapes_pop(int nest)
+{
+    if (nest > 0)
+        AtEOXact_GUC(true, nest);
+}
+
 static SPIPlanPtr
 od_prepare_opts(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes, int cursor_options)
 {
@@ -545,7 +573,8 @@ od_finalize(OdFinalize *items, int n, int flags)
     int64           *applied_ids;
     int              napplied;
     int              rc;
-    int              nest = 0; /* > 0: the GUC nest level of the finalize's plan settings */
+    static const OdPlanShape finalize_shapes[] = { { "enable_nestloop", "off" }, { "enable_hashjoin", "on" } };
+    int              nest;
 
     if (n <= 0)
         return 0;
@@ -591,24 +620,10 @@ od_finalize(OdFinalize *items, int n, int flags)
     args[7] = od_us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
     args[8] = PointerGetDatum(od_build_array(untils, until_nulls, n, TIMESTAMPTZOID));
 
-    if (plan_shapes_fixed)
-    {
-        /*
-         * Any replanning happens inside the execution: the join shape for it
-         * (see "Plans"), for this statement only.  PGC_S_SESSION with
-         * GUC_ACTION_SAVE, as a function's SET clause: the session's values
-         * (PGC_S_OVERRIDE, which would change them for good) come back
-         * below, or at the transaction's abort.
-         */
-        nest = NewGUCNestLevel();
-        (void) set_config_option("enable_nestloop", "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
-                                 false);
-        (void) set_config_option("enable_hashjoin", "on", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
-                                 false);
-    }
+    /* any replanning happens inside the execution: the join shape for it (see "Plans") */
+    nest = od_plan_shapes_push(finalize_shapes, lengthof(finalize_shapes));
     rc = SPI_execute_plan(plan_finalize[v], args, nullptr, false, 0);
-    if (nest > 0)
-        AtEOXact_GUC(true, nest);
+    od_plan_shapes_pop(nest);
     if (rc != SPI_OK_UPDATE_RETURNING)
         elog(ERROR, "outbox_dispatcher: finalize failed: %s", SPI_result_code_string(rc));
 

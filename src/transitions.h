@@ -46,6 +46,16 @@ extern ArrayType *od_build_array(Datum *elems, bool *nulls, int n, Oid elemtype)
  */
 extern void od_fix_plan_shapes(void);
 
+/* A plan setting for one statement of a worker (od_plan_shapes_push, od_plan_shapes_pop). */
+typedef struct OdPlanShape
+{
+    const char *name;
+    const char *value;
+} OdPlanShape;
+
+extern int  od_plan_shapes_push(const OdPlanShape *shapes, int n);
+extern void od_plan_shapes_pop(int nest);
+
 /* od_claim flags */
 #define OD_CLAIM_CHECK_LEASES 0x01 /* reap and take over expired leases first */
 /*

@@ -21,7 +21,10 @@
 #   - the finalize reads messages by primary-key probes only (id = ANY) and
 #     joins them to its results by hashing, also when its plan was made on
 #     a table analyzed empty that then grew (3,000 rows): planned so, a
-#     nested loop walked the whole primary key on every finalize.
+#     nested loop walked the whole primary key on every finalize;
+#   - the attempt log's retention check ("rows before the cutoff in a kept
+#     partition?", after every reload) reads the partition's BRIN summary,
+#     not every row of the day.
 #
 # Run: see 010_delivery.pl.
 use strict;
@@ -224,6 +227,24 @@ cmp_ok(scalar(@finalizes), '>=', 10, 'finalize plans logged since the empty ANAL
 my @walks = grep { !finalize_probes_only($_) } @finalizes;
 is(scalar(@walks), 0, 'planned on a table analyzed empty, the finalize still reads messages by primary-key probes only')
   or diag(substr($walks[0], 0, 3000));
+
+# 5. a reload makes worker 0 check the kept partitions of the attempt log
+# for rows older than the retention: through the BRIN summary of
+# started_at, never a sequential scan of the day's attempts
+$log_offset = -s $node->logfile;
+$node->safe_psql('postgres', 'SELECT pg_reload_conf()');
+my @checks;
+for (my $deadline = time + 30; time < $deadline; sleep 0.1)
+{
+	@checks = grep { /\] outbox_dispatcher worker: LOG:  duration: [\d.]+ ms  plan:/ && /FROM outbox\.attempts_\d+ WHERE started_at < / }
+	  split /\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] )/, slurp_file($node->logfile, $log_offset);
+	last if @checks;
+}
+ok(scalar(@checks) > 0,
+	'the retention check of the attempt log ran after the reload');
+my @seq = grep { /Seq Scan on attempts_/ || !/Bitmap Index Scan on attempts_\d+_started_at_idx/ } @checks;
+is(scalar(@seq), 0, 'the retention check reads the BRIN summary of started_at (' . scalar(@checks) . ' checks)')
+  or diag(substr($seq[0], 0, 2000));
 
 $sink->stop;
 $node->stop;
