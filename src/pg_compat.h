@@ -13,8 +13,8 @@ extern "C" {
 }
 
 /*
- * A WaitEventSet owned by nobody but the caller, who frees it with
- * FreeWaitEventSet.  PostgreSQL 17 made the first argument a ResourceOwner
+ * A WaitEventSet owned by nobody but the caller (the worker keeps its one
+ * set for the life of the process).  PostgreSQL 17 made the first argument a ResourceOwner
  * (NULL: not tracked); before, it was the memory context to allocate in.
  */
 static inline WaitEventSet *
