@@ -22,7 +22,12 @@ Scenarios (default settings unless the scenario is about a setting):
              SUSTAIN_S-second phases (medians), the CPU the workers used
              (cores = CPU seconds / wall seconds), and the WAL flushes the
              producers' commits waited for (ms and kB per fsync: a commit
-             flushes every WAL record before it, the workers' included).
+             flushes every WAL record before it, the workers' included),
+             the workers' transactions per second, and the delivery
+             latency under that load: each message's created_at (its
+             producer transaction's start, so that transaction's own
+             latency is included) to its arrival at nginx (access log,
+             millisecond resolution), p50 / p99.
   idle       commit -> arrival at a recording sink, 200 single-message
              transactions 20 ms apart: p50 / p99.  The commit time is the
              producer transaction's commit timestamp (track_commit_timestamp:
@@ -184,6 +189,9 @@ def cpu_seconds(pids):
     return total / hz
 
 
+ARRIVAL_LOG = os.path.join(WORK, "nginx", "logs", "arrival.log")
+
+
 def start_nginx():
     d = os.path.join(WORK, "nginx")
     os.makedirs(d + "/logs", exist_ok=True)
@@ -195,6 +203,7 @@ error_log %(d)s/logs/error.log warn;
 events { worker_connections 4096; }
 http {
     access_log off;
+    log_format arrival '$msec $http_idempotency_key';
     keepalive_requests 1000000;
     keepalive_timeout 75s;
     client_body_temp_path %(d)s/body;
@@ -202,9 +211,14 @@ http {
     fastcgi_temp_path %(d)s/fastcgi;
     uwsgi_temp_path %(d)s/uwsgi;
     scgi_temp_path %(d)s/scgi;
-    server { listen 127.0.0.1:%(p)d; location / { return 200 "ok"; } }
+    server {
+        listen 127.0.0.1:%(p)d;
+        location / { return 200 "ok"; }
+        # arrival times (ms) by Idempotency-Key, for the delivery latency under load
+        location /logged { access_log %(log)s arrival buffer=64k flush=1s; return 200 "ok"; }
+    }
 }
-""" % {"d": d, "p": NGINX_PORT})
+""" % {"d": d, "p": NGINX_PORT, "log": ARRIVAL_LOG})
     subprocess.run(["nginx", "-c", conf, "-p", d, "-e", d + "/logs/error.log"], check=True)
     return d + "/nginx.pid"
 
@@ -470,15 +484,20 @@ def pgbench_run(c, seconds, tps):
               " FROM generate_series(1, 10) g;\n"
               "END;\n" % PAYLOAD)
     pids = c.worker_pids()
+    commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
     cpu0 = cpu_seconds(pids)
     wal0 = wal_flushes(c)
+    xact0 = int(c.sql(commits))
     t0 = time.time()
     logdir = pgbench(script, "-c", "8", "-j", "2", "-R", str(tps), "-T", str(seconds))
     wall = time.time() - t0
     cpu = cpu_seconds(pids) - cpu0
     wal_bytes, syncs, sync_ms = (b - a for a, b in zip(wal0, wal_flushes(c)))
     lat = tx_latencies(logdir)
+    time.sleep(1.1)  # the workers report their counters to the statistics within a second
+    xact = int(c.sql(commits)) - xact0 - len(lat)  # the workers' (and a few of ours)
     return {
+        "worker_tx_per_s": xact / wall,
         "avg_ms": sum(lat) / len(lat),
         "p99_ms": p99(lat),
         "tps": len(lat) / seconds,
@@ -487,6 +506,27 @@ def pgbench_run(c, seconds, tps):
         "sync_ms": sync_ms / max(syncs, 1),
         "kb_per_sync": wal_bytes / 1024.0 / max(syncs, 1),
     }
+
+
+def delivery_latency(c):
+    """created_at (the producer transaction's start: its own latency is included) -> arrival at
+    nginx (its access log, millisecond resolution) of the messages of the last delivering phase."""
+    time.sleep(1.5)  # the access log's buffer is flushed every second
+    arrived = {}
+    with open(ARRIVAL_LOG) as f:
+        for line in f:
+            t, _, key = line.strip().partition(" ")
+            if key and key != "-":
+                arrived.setdefault(key, float(t))  # the first arrival of each message
+    lat = []
+    for line in c.sql("SELECT id, extract(epoch FROM created_at) FROM outbox.messages").splitlines():
+        i, ts = line.split("|")
+        if i in arrived:
+            lat.append((arrived[i] - float(ts)) * 1000.0)
+    lat.sort()
+    if not lat:
+        raise RuntimeError("no arrival in the nginx access log")
+    return {"delivery_p50_ms": lat[len(lat) // 2], "delivery_p99_ms": p99(lat)}
 
 
 def scenario_sustained():
@@ -501,16 +541,19 @@ def scenario_sustained():
     c = new_dispatcher("sustained", extra={"track_wal_io_timing": "on"})
     try:
         warm_plans(c)
+        c.sql("UPDATE outbox.endpoints SET url = 'http://127.0.0.1:%d/logged' WHERE name = 'nginx'" % NGINX_PORT)
         ons, offs = [], []
         for _ in range(SUSTAIN_PAIRS):
             for enabled in (False, True):
                 c.set_enabled(False)
                 c.sql("TRUNCATE outbox.messages")
                 c.sql("VACUUM ANALYZE outbox.messages")
+                open(ARRIVAL_LOG, "w").close()  # nginx appends (O_APPEND): this phase's arrivals only
                 c.set_enabled(enabled)
                 r = pgbench_run(c, SUSTAIN_S, SUSTAIN_TPS)
                 if enabled:
                     wait_drained(c)
+                    r.update(delivery_latency(c))
                     ons.append(r)
                 else:
                     offs.append(r)
@@ -522,7 +565,9 @@ def scenario_sustained():
                "ratio_p99": statistics.median(a["p99_ms"] / b["p99_ms"] for a, b in zip(ons, offs)),
                "tps_on": med(ons, "tps"),
                "on_sync_ms": med(ons, "sync_ms"), "off_sync_ms": med(offs, "sync_ms"),
-               "on_kb_per_sync": med(ons, "kb_per_sync"), "off_kb_per_sync": med(offs, "kb_per_sync")}
+               "on_kb_per_sync": med(ons, "kb_per_sync"), "off_kb_per_sync": med(offs, "kb_per_sync"),
+               "delivery_p50_ms": med(ons, "delivery_p50_ms"), "delivery_p99_ms": med(ons, "delivery_p99_ms"),
+               "worker_tx_per_s": med(ons, "worker_tx_per_s")}
         log("  sustained  app latency avg %.2f / p99 %.2f ms with workers, %.2f / %.2f ms paused (x%.2f avg,"
             " median of %d alternating pairs: %s); workers %.2f cores"
             % (res["on_avg_ms"], res["on_p99_ms"], res["off_avg_ms"], res["off_p99_ms"], res["ratio_avg"],
@@ -530,6 +575,8 @@ def scenario_sustained():
                res["worker_cores"]))
         log("             WAL flushes: %.2f ms / %.1f kB each with workers, %.2f ms / %.1f kB paused"
             % (res["on_sync_ms"], res["on_kb_per_sync"], res["off_sync_ms"], res["off_kb_per_sync"]))
+        log("             delivery (producer statement start -> arrival at nginx) p50 %.1f / p99 %.1f ms;"
+            " worker transactions %.0f/s" % (res["delivery_p50_ms"], res["delivery_p99_ms"], res["worker_tx_per_s"]))
         return res
     finally:
         c.destroy()
@@ -818,6 +865,10 @@ ROWS = [
     ("sustained_off_sync_ms", "WAL flush (fsync) time, workers paused", "ms", "%.2f"),
     ("sustained_on_kb_per_sync", "WAL per flush, workers delivering", "kB", "%.1f"),
     ("sustained_off_kb_per_sync", "WAL per flush, workers paused", "kB", "%.1f"),
+    ("sustained_delivery_p50_ms", "delivery latency under that load p50 (producer statement start -> arrival; its"
+     " own transaction included)", "ms", "%.1f"),
+    ("sustained_delivery_p99_ms", "delivery latency under that load p99", "ms", "%.1f"),
+    ("sustained_worker_tx_per_s", "worker transactions per second under that load", "tx/s", "%.0f"),
     ("idle_p50_ms", "idle commit -> arrival p50", "ms", "%.2f"),
     ("idle_p99_ms", "idle commit -> arrival p99", "ms", "%.2f"),
     ("idle_start_p50_ms", "idle producer statement start -> arrival p50 (its commit's WAL flush included)", "ms", "%.2f"),

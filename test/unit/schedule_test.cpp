@@ -125,6 +125,96 @@ TEST(Schedule, NothingToFinalizeOrBackingOff) {
     EXPECT_FALSE(od::finalize_now(c));
 }
 
+/* a busy worker (requests answered, results waiting) its last claim 1 ms ago, woken by a commit */
+od::WorkerCycle lingering_worker() {
+    od::WorkerCycle c = quiet();
+    c.woken = true;
+    c.held = 10;
+    c.results = 10;
+    c.in_flight = 0;
+    c.oldest_result = NOW - 1 * MS;
+    c.last_claim_at = NOW - 1 * MS;
+    c.claim_linger_us = 5 * MS;
+    return c;
+}
+
+TEST(Schedule, ClaimLingerIsATenthOfTheLeaseAtMost) {
+    EXPECT_EQ(od::claim_linger_us(5 * MS, 60 * S), 5 * MS);
+    EXPECT_EQ(od::claim_linger_us(5 * MS, 20 * MS), 2 * MS);
+    EXPECT_EQ(od::claim_linger_us(0, 60 * S), 0);
+    EXPECT_EQ(od::claim_linger_us(-1, 60 * S), 0);
+    EXPECT_EQ(od::claim_linger_us(5 * MS, 9), 0);
+    EXPECT_EQ(od::claim_linger_us(5 * MS, 0), 0);
+}
+
+TEST(Schedule, ABusyWorkerLingersOnAWakeAndTakesTheResultsAlong) {
+    od::WorkerCycle c = lingering_worker();
+    EXPECT_TRUE(od::claim_lingers(c));
+    EXPECT_EQ(od::claim_now(c), 0);
+    EXPECT_FALSE(od::finalize_now(c)); // past flush_after_us? not yet, and they wait for the claim anyway
+    c.oldest_result = NOW - 3 * MS;    // past flush_after_us: still with the claim
+    EXPECT_FALSE(od::finalize_now(c));
+    EXPECT_EQ(od::next_wakeup(c), NOW + 4 * MS); // the linger's end, not the flush delay's
+    c.now = NOW + 4 * MS;                        // the linger is over: claim (and finalize in it)
+    EXPECT_FALSE(od::claim_lingers(c));
+    EXPECT_EQ(od::claim_now(c), 90);
+}
+
+TEST(Schedule, AnIdleWorkerClaimsAtOnce) {
+    od::WorkerCycle c = lingering_worker();
+    c.held = 0;
+    c.results = 0;
+    EXPECT_FALSE(od::claim_lingers(c));
+    EXPECT_EQ(od::claim_now(c), 100);
+}
+
+TEST(Schedule, NoLingerWithoutAWakeOrForOtherReasons) {
+    od::WorkerCycle c = lingering_worker();
+    c.claim_linger_us = 0; // claim_linger = 0
+    EXPECT_EQ(od::claim_now(c), 90);
+
+    c = lingering_worker();
+    c.woken = false; // nothing to linger for: the results go by the flush delay
+    EXPECT_FALSE(od::claim_lingers(c));
+    c.oldest_result = NOW - 2 * MS;
+    EXPECT_TRUE(od::finalize_now(c));
+
+    c = lingering_worker();
+    c.last_claim_full = true; // a backlog: claim again at once
+    EXPECT_EQ(od::claim_now(c), 90);
+
+    c = lingering_worker();
+    c.next_poll = NOW; // the poll is due
+    EXPECT_EQ(od::claim_now(c), 90);
+}
+
+TEST(Schedule, HalfABatchOfResultsDoesNotWaitForALingeringClaim) {
+    od::WorkerCycle c = lingering_worker();
+    c.held = 50;
+    c.results = 50;
+    EXPECT_TRUE(od::finalize_now(c));
+}
+
+TEST(Schedule, ResultsDoNotWaitForAClaimThatCannotCome) {
+    od::WorkerCycle c = lingering_worker();
+    c.oldest_result = NOW - 2 * MS;
+    c.active = false; // paused or stopping
+    EXPECT_FALSE(od::claim_lingers(c));
+    EXPECT_TRUE(od::finalize_now(c));
+
+    c = lingering_worker();
+    c.oldest_result = NOW - 2 * MS;
+    c.claims_held = true; // waiting for the standbys
+    EXPECT_FALSE(od::claim_lingers(c));
+    EXPECT_TRUE(od::finalize_now(c));
+
+    c = lingering_worker();
+    c.oldest_result = NOW - 2 * MS;
+    c.held = 60; // no room for a claim
+    EXPECT_FALSE(od::claim_lingers(c));
+    EXPECT_TRUE(od::finalize_now(c));
+}
+
 TEST(Schedule, RefreshWhenDueOrWokenWhileNotInstalled) {
     od::WorkerCycle c = quiet();
     EXPECT_FALSE(od::refresh_now(c));
