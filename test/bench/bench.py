@@ -32,7 +32,10 @@ Scenarios (default settings unless the scenario is about a setting):
              transactions 20 ms apart: p50 / p99.  The commit time is the
              producer transaction's commit timestamp (track_commit_timestamp:
              taken as its commit record is written, so its WAL flush counts);
-             also from the start of its INSERT (created_at).
+             also from the start of its INSERT (created_at); then the same
+             with the producer at synchronous_commit = off, where no WAL
+             flush of its own separates its commit timestamp from its
+             message becoming visible to the workers.
   wal        for the fresh and retained drains: WAL bytes written during the
              drain (claim + finalize; a CHECKPOINT right before the messages
              were inserted, so full-page images of pages the drain touches
@@ -95,6 +98,9 @@ SRC = os.environ.get("OD_BENCH_SRC", os.path.dirname(os.path.abspath(__file__)) 
 PORT = int(os.environ.get("PORT", "55440"))
 NGINX_PORT = int(os.environ.get("NGINX_PORT", "18191"))
 PGBIN = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
+# BENCH_CONF="name=value;name=value": settings for every cluster (to compare a setting with its
+# default, e.g. BENCH_CONF="outbox_dispatcher.claim_linger=0"); a scenario's own settings win
+BENCH_CONF = dict(kv.split("=", 1) for kv in os.environ.get("BENCH_CONF", "").split(";") if "=" in kv)
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g % 1000, 'note', repeat('x', 200))"
 
 
@@ -123,6 +129,7 @@ class Cluster:
                 "max_wal_size": "'4GB'",
                 "outbox_dispatcher.enabled": "off",
             }
+            base.update(BENCH_CONF)
             base.update(conf or {})
             with open(os.path.join(self.dir, "postgresql.conf"), "a") as f:
                 for k, v in base.items():
@@ -586,13 +593,19 @@ def scenario_idle(sink_port):
     c = new_dispatcher("idle", extra={"track_commit_timestamp": "on"})
     try:
         c.sql("INSERT INTO outbox.endpoints (name, url) VALUES ('sink', 'http://127.0.0.1:%d/hook')" % sink_port)
-        return idle_latency(c, sink_port, "idle")
+        res = idle_latency(c, sink_port, "idle")
+        noflush = idle_latency(c, sink_port, "idle (producer without WAL flush)", flush=False)
+        res["noflush_p50_ms"], res["noflush_p99_ms"] = noflush["p50_ms"], noflush["p99_ms"]
+        return res
     finally:
         c.destroy()
 
 
-def idle_latency(c, sink_port, label):
-    """Commit -> arrival of IDLE_M single messages to the sink (endpoint 'sink'), on cluster c."""
+def idle_latency(c, sink_port, label, flush=True):
+    """Commit -> arrival of IDLE_M single messages to the sink (endpoint 'sink'), on cluster c.
+    flush=False: the producer commits with synchronous_commit = off, so that no WAL flush of its
+    own lies between its commit timestamp and the moment its message becomes visible (what is
+    left is the dispatcher's: wake, claim, send, and the sink)."""
     if True:
         # the commit time of each producer transaction, by its xid (the message row's own xmin
         # is replaced by the workers' updates)
@@ -603,7 +616,8 @@ def idle_latency(c, sink_port, label):
         time.sleep(1.5)
         stmts = []
         for i in range(IDLE_M):
-            stmts.append("BEGIN; INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+            stmts.append("BEGIN;" + ("" if flush else " SET LOCAL synchronous_commit = off;") +
+                         " INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
                          " VALUES ('order', '%d', 'OrderCreated', '{\"n\": %d}', 'sink');"
                          " INSERT INTO bench_tx VALUES ('%d', pg_current_xact_id()); COMMIT;" % (i, i, i))
             stmts.append("SELECT pg_sleep(0.02);")
@@ -766,6 +780,8 @@ def main():
 
     version = subprocess.run(["pg_config", "--version"], capture_output=True, text=True).stdout.split()[1]
     log("outbox_dispatcher benchmark: %d cores, PostgreSQL %s, %d runs per scenario" % (os.cpu_count(), version, RUNS))
+    if BENCH_CONF:
+        log("settings for every cluster (BENCH_CONF): %s" % ", ".join("%s = %s" % kv for kv in BENCH_CONF.items()))
     t_start = time.time()
     try:
         for run in range(RUNS):
@@ -793,6 +809,8 @@ def main():
                 add("idle_p50_ms", r["p50_ms"])
                 add("idle_p99_ms", r["p99_ms"])
                 add("idle_start_p50_ms", r["start_p50_ms"])
+                add("idle_noflush_p50_ms", r["noflush_p50_ms"])
+                add("idle_noflush_p99_ms", r["noflush_p99_ms"])
             if "replication" in SCENARIOS:
                 for k, v in scenario_replication(sink_port).items():
                     add("repl_" + k, v)
@@ -837,7 +855,7 @@ def main():
     meta = {"cores": os.cpu_count(), "postgresql": version, "runs": RUNS, "n": N_FRESH, "n_backlog": N_BACKLOG,
             "n_retained": N_RETAINED, "n_repl": N_REPL, "n_fanout": N_FANOUT, "n_attempt": N_ATTEMPT,
             "sustain_s": SUSTAIN_S, "sustain_pairs": SUSTAIN_PAIRS, "sustain_tps": SUSTAIN_TPS,
-            "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t_start)}
+            "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t_start), "conf": BENCH_CONF}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
     md = render(meta, results)
@@ -872,6 +890,9 @@ ROWS = [
     ("idle_p50_ms", "idle commit -> arrival p50", "ms", "%.2f"),
     ("idle_p99_ms", "idle commit -> arrival p99", "ms", "%.2f"),
     ("idle_start_p50_ms", "idle producer statement start -> arrival p50 (its commit's WAL flush included)", "ms", "%.2f"),
+    ("idle_noflush_p50_ms", "idle commit -> arrival p50, producer with synchronous_commit = off (no WAL flush between"
+     " its commit timestamp and its message becoming visible)", "ms", "%.2f"),
+    ("idle_noflush_p99_ms", "idle commit -> arrival p99, producer with synchronous_commit = off", "ms", "%.2f"),
     ("repl_drain_off_msg_s", "drain %(n_repl)s, synchronous standby, deliver_after_replication off", "msg/s", "%.0f"),
     ("repl_drain_on_msg_s", "drain %(n_repl)s, synchronous standby, deliver_after_replication on", "msg/s", "%.0f"),
     ("repl_idle_off_p50_ms", "idle commit -> arrival p50, synchronous standby, mode off", "ms", "%.2f"),
@@ -939,7 +960,9 @@ def render(meta, results):
            "n_repl": "{:,}".format(meta.get("n_repl", 0)), "tps": "{:,}".format(meta["sustain_tps"] * 10),
            "n_fanout": "{:,}".format(meta.get("n_fanout", 0)), "n_attempt": "{:,}".format(meta.get("n_attempt", 0))}
     lines = ["outbox_dispatcher %s, PostgreSQL %s, %d cores, %s; %d runs per figure (min / median / max)."
-             % (library_version(), meta["postgresql"], meta["cores"], meta["date"], meta["runs"]), "",
+             % (library_version(), meta["postgresql"], meta["cores"], meta["date"], meta["runs"])
+             + ("" if not meta.get("conf") else " Settings changed on every cluster: %s."
+                % ", ".join("`%s = %s`" % kv for kv in meta["conf"].items())), "",
              "| scenario | min | median | max | unit |", "|---|---:|---:|---:|---|"]
     for key, label, unit, f in ROWS:
         if key not in results:

@@ -9,6 +9,8 @@
 #   make bench                 every scenario
 #   SCENARIOS=fresh,idle RUNS=1 make bench
 #   SCENARIOS=fanout,attempt_log N_FANOUT=10000 N_ATTEMPT=50000 make bench
+#   BENCH_CONF="outbox_dispatcher.claim_linger=0" SCENARIOS=sustained make bench
+#                              the same with a setting changed on every cluster
 #   make bench-readme          put bench-results/results.md into the README
 set -euo pipefail
 
@@ -34,7 +36,7 @@ chown -R postgres "$WORK"
 su postgres -s /bin/bash -c "cd '$WORK' && OD_BENCH_WORK='$WORK' OD_BENCH_SRC='$WORK/src' OUT='$WORK/out' \
     RUNS='${RUNS:-3}' SCENARIOS='${SCENARIOS:-fresh,backlog,retained,sustained,idle,replication,scaling,fanout,attempt_log}' \
     N_REPL='${N_REPL:-20000}' N_FANOUT='${N_FANOUT:-10000}' N_ATTEMPT='${N_ATTEMPT:-50000}' \
-    N='${N:-50000}' N_BACKLOG='${N_BACKLOG:-100000}' N_RETAINED='${N_RETAINED:-1000000}' \
+    BENCH_CONF='${BENCH_CONF:-}' N='${N:-50000}' N_BACKLOG='${N_BACKLOG:-100000}' N_RETAINED='${N_RETAINED:-1000000}' \
     SUSTAIN_S='${SUSTAIN_S:-10}' SUSTAIN_PAIRS='${SUSTAIN_PAIRS:-3}' SUSTAIN_TPS='${SUSTAIN_TPS:-500}' \
     PATH='$(pg_config --bindir):/usr/sbin:/usr/bin:/bin' /usr/bin/python3 '$WORK/src/test/bench/bench.py'"
 mkdir -p "$OUT_DIR"
