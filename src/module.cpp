@@ -38,7 +38,6 @@ int                            od_batch_size = 100;
 int                            od_lease_ms = 60000;
 int                            od_max_attempts = 12;
 int                            od_poll_interval_ms = 1000;
-int                            od_claim_linger_ms = 5;
 int                            od_backoff_base_ms = 1000;
 int                            od_backoff_cap_ms = 300000;
 int                            od_defer_delay_ms = 30000;
@@ -304,10 +303,6 @@ od_define_gucs(void)
     DefineCustomIntVariable("outbox_dispatcher.poll_interval",
                             "Fallback polling interval of idle workers (commits wake them at once).", NULL,
                             &od_poll_interval_ms, 1000, 10, 3600 * 1000, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
-    DefineCustomIntVariable("outbox_dispatcher.claim_linger",
-                            "How long a busy worker lets commits gather before it claims what they wake it for.",
-                            "An idle worker claims at once; 0 claims on every wake.", &od_claim_linger_ms, 5, 0, 1000,
-                            PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.backoff_base",
                             "Base of the full-jitter exponential backoff between attempts.", NULL, &od_backoff_base_ms,
                             1000, 1, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);

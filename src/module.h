@@ -16,7 +16,6 @@ extern int   od_batch_size;
 extern int   od_lease_ms;
 extern int   od_max_attempts;
 extern int   od_poll_interval_ms;
-extern int   od_claim_linger_ms;
 extern int   od_backoff_base_ms;
 extern int   od_backoff_cap_ms;
 extern int   od_defer_delay_ms;

@@ -262,8 +262,6 @@ observe(TimestampTz now)
     c.in_flight = (int) W.disp->in_flight();
     c.oldest_result = W.oldest_outcome_at;
     c.flush_after_us = (int64) FLUSH_AFTER_MS * 1000;
-    c.last_claim_at = W.sched.last_claim_at;
-    c.claim_linger_us = od::claim_linger_us((int64) od_claim_linger_ms * 1000, (int64) od_lease_ms * 1000);
     c.next_refresh = W.sched.next_refresh;
     /* a committed change of outbox.endpoints, or a slot we referenced changed hands */
     c.endpoints_changed =
@@ -330,7 +328,6 @@ step_claim(int room)
     int n;
 
     W.sched.woken = false;
-    W.sched.last_claim_at = GetCurrentTimestamp();
     n = do_claim(room, !W.disp->outcomes().empty());
     W.sched.last_claim_full = (n == room) || W.claim_quota_full;
     if (n > 0 && W.sched.last_claim_full)

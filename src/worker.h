@@ -106,7 +106,6 @@ typedef struct LoopSchedule
     TimestampTz backoff_until;   /* after an error: no claim or finalize before */
     bool        woken;           /* the latch was set since the last claim */
     bool        last_claim_full; /* the last claim took all it asked for */
-    TimestampTz last_claim_at;   /* when the last claim started */
 } LoopSchedule;
 
 /*

@@ -22,33 +22,19 @@ int64_t least(int64_t a, int64_t b) noexcept {
 
 } // namespace
 
-int64_t claim_linger_us(int64_t linger_us, int64_t lease_us) noexcept {
-    if (linger_us <= 0) return 0;
-    int64_t cap = lease_us / 10;
-    return linger_us < cap ? linger_us : (cap > 0 ? cap : 0);
-}
-
 bool has_claim_room(const WorkerCycle &c) noexcept {
     return c.pipeline - c.held >= half_pipeline(c);
 }
 
-bool claim_lingers(const WorkerCycle &c) noexcept {
-    return c.woken && c.active && c.claim_linger_us > 0 && c.held > 0 && c.now < c.last_claim_at + c.claim_linger_us &&
-           !backing_off(c) && !c.claims_held && has_claim_room(c);
-}
-
 int claim_now(const WorkerCycle &c) noexcept {
     if (!c.active || backing_off(c) || c.claims_held || !has_claim_room(c)) return 0;
-    bool other = c.last_claim_full || c.now >= c.next_poll || (c.next_quota != 0 && c.now >= c.next_quota) ||
-                 (c.places_released && c.claim_quota_full);
-    bool reason = other || (c.woken && !claim_lingers(c));
+    bool reason = c.woken || c.last_claim_full || c.now >= c.next_poll ||
+                  (c.next_quota != 0 && c.now >= c.next_quota) || (c.places_released && c.claim_quota_full);
     return reason ? c.pipeline - c.held : 0;
 }
 
 bool finalize_now(const WorkerCycle &c) noexcept {
     if (c.results <= 0 || backing_off(c)) return false;
-    /* a lingering claim is due by last_claim_at + claim_linger_us: the results go with it */
-    if (claim_lingers(c) && c.results < half_pipeline(c)) return false;
     return c.results >= half_pipeline(c) || (c.in_flight == 0 && !c.active) ||
            c.now >= c.oldest_result + c.flush_after_us;
 }
@@ -70,12 +56,9 @@ int64_t next_wakeup(const WorkerCycle &c) noexcept {
     bool can_claim = c.active && !c.claims_held && has_claim_room(c);
     int64_t until = c.endpoints_changed ? c.now : c.next_refresh;
 
-    bool lingers = claim_lingers(c);
-
     if (can_claim) until = least(until, c.last_claim_full ? c.now : c.next_poll);
-    if (lingers) until = least(until, c.last_claim_at + c.claim_linger_us);
     if (can_claim && c.next_quota != 0) until = least(until, c.next_quota);
-    if (c.results > 0 && !lingers) until = least(until, c.oldest_result + c.flush_after_us);
+    if (c.results > 0) until = least(until, c.oldest_result + c.flush_after_us);
     if (c.purges) until = least(until, c.next_purge);
     if (c.replication_poll != 0) until = least(until, c.replication_poll);
     if (backing_off(c) && until < c.backoff_until) until = c.backoff_until;

@@ -15,13 +15,6 @@
  *    back full (there may be more), the fallback poll is due, a refused
  *    reservation may succeed now, or a request finished while the last
  *    claim had taken every place its quotas allowed.
- *  - Linger under load: a claim only a wake asks for, while the worker
- *    holds messages (in flight or results) and its last claim started
- *    less than claim_linger_us ago, waits until then, and so do the
- *    results (they go with that claim).  Commits arriving faster than
- *    one per linger then share one claim transaction (a claim for a few
- *    rows costs almost as much as one for a batch); an idle worker (it
- *    holds nothing) claims at once, so the idle latency is unchanged.
  *  - Finalize when half a batch of results is waiting, when the oldest
  *    result has waited flush_after_us (a claim within that time finalizes
  *    them in its own transaction), or when nothing is in flight and no
@@ -76,10 +69,6 @@ struct WorkerCycle {
     int64_t oldest_result = 0; /* when the oldest was noted; 0 = not yet (due at once) */
     int64_t flush_after_us = 2000;
 
-    /* claim linger (claim_linger_us(); 0 = none) and when the last claim started */
-    int64_t claim_linger_us = 0;
-    int64_t last_claim_at = 0;
-
     /* other deadlines */
     int64_t next_refresh = 0; /* reload of the endpoints */
     bool endpoints_changed =
@@ -87,16 +76,6 @@ struct WorkerCycle {
     bool purges = false; /* this worker runs the retention purge */
     int64_t next_purge = 0;
 };
-
-/* outbox_dispatcher.claim_linger in effect: at most a tenth of the lease
- * (results wait for the lingering claim; they must be finalized well within
- * their lease), 0 for none. */
-int64_t claim_linger_us(int64_t linger_us, int64_t lease_us) noexcept;
-
-/* A claim only a wake asks for waits: the worker is busy (it holds
- * messages) and its last claim started less than claim_linger_us ago.  It
- * is due at last_claim_at + claim_linger_us; the results wait for it. */
-bool claim_lingers(const WorkerCycle &c) noexcept;
 
 /* Room for a claim: at least half of what the worker may hold (at least 1). */
 bool has_claim_room(const WorkerCycle &c) noexcept;

@@ -99,7 +99,7 @@ PORT = int(os.environ.get("PORT", "55440"))
 NGINX_PORT = int(os.environ.get("NGINX_PORT", "18191"))
 PGBIN = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
 # BENCH_CONF="name=value;name=value": settings for every cluster (to compare a setting with its
-# default, e.g. BENCH_CONF="outbox_dispatcher.claim_linger=0"); a scenario's own settings win
+# default, e.g. BENCH_CONF="outbox_dispatcher.attempt_log=off"); a scenario's own settings win
 BENCH_CONF = dict(kv.split("=", 1) for kv in os.environ.get("BENCH_CONF", "").split(";") if "=" in kv)
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g % 1000, 'note', repeat('x', 200))"
 

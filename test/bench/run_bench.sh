@@ -9,7 +9,7 @@
 #   make bench                 every scenario
 #   SCENARIOS=fresh,idle RUNS=1 make bench
 #   SCENARIOS=fanout,attempt_log N_FANOUT=10000 N_ATTEMPT=50000 make bench
-#   BENCH_CONF="outbox_dispatcher.claim_linger=0" SCENARIOS=sustained make bench
+#   BENCH_CONF="outbox_dispatcher.attempt_log=off" SCENARIOS=sustained make bench
 #                              the same with a setting changed on every cluster
 #   make bench-readme          put bench-results/results.md into the README
 set -euo pipefail
