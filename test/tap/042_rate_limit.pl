@@ -16,9 +16,9 @@
 #     answering after 300 ms, 100 messages (10 s of work at 3 at a time:
 #     twice the lease; the lease and the 4 s timeout leave a loaded machine
 #     seconds of slack over the 300 ms a request takes).  While they are
-#     delivered, sampling many times the sink's
-#     own in-flight count (stats.in_flight), outbox.endpoint_health.in_flight
-#     and, from the arrival times, the requests that overlap: never more
+#     delivered, sampling many times the sink's own in-flight count
+#     (stats.in_flight), outbox.endpoint_health.in_flight and, from the
+#     arrival times, the requests that overlap: never more
 #     than 3 requests at the sink at once, and 3 is reached (the check is
 #     not vacuous).  Every message is delivered once, with attempts 1, no
 #     lease is lost (health.lost_leases, worker_stats.lost_leases), no
@@ -38,6 +38,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
+use List::Util qw(min);
 use IPC::Run;
 
 use OdNode;
@@ -197,7 +198,7 @@ $narrow_ok &= cmp_ok($db_max_if, '<=', 3, "narrow: endpoint_health.in_flight nev
 	}
 	$narrow_ok &= cmp_ok($max, '<=', 3, "narrow: arrival times show at most 3 overlapping requests (max $max)");
 	my $span = $t[-1] - $t[0];
-	diag(sprintf('max_in_flight 3: %d requests of 300 ms over %.2f s (ideal %.1f s)', $N, $span, ($N / 3 - 1) * 0.3));
+	diag(sprintf('max_in_flight 3: %d requests of 300 ms over %.2f s (ideal %.1f s)', $N, $span, (int(($N + 2) / 3) - 1) * 0.3));
 }
 {
 	my $st = $sink->stats('/slow');
@@ -221,7 +222,7 @@ SELECT message_id, attempt, worker, to_char(started_at, 'HH24:MI:SS.MS'), round(
   FROM outbox.attempts WHERE endpoint = 'narrow' AND (outcome <> 'done' OR duration_ms > 1000)
  ORDER BY started_at LIMIT 40}));
 	diag('sink in_flight timeline (s from the first sample: count): '
-		  . join(' ', map { sprintf('%.3f:%d', $_->[0] - $sink_timeline[0][0], $_->[1]) } @sink_timeline[0 .. ($#sink_timeline < 80 ? $#sink_timeline : 80)]));
+		  . join(' ', map { sprintf('%.3f:%d', $_->[0] - $sink_timeline[0][0], $_->[1]) } @sink_timeline[0 .. min(80, $#sink_timeline)]));
 }
 # nothing is in flight any more: the places are all given back (a claim in
 # progress holds a reservation for a moment, hence the poll)
