@@ -22,8 +22,9 @@
  *    relays and tests, outside the workers' shared limits.
  *  - Fan-out: outbox.subscriptions (event-type patterns and a payload
  *    filter per endpoint), outbox.publish() and outbox.subscribers(); the
- *    ordered head check is per aggregate per endpoint (messages_open gains
- *    the endpoint column and is rebuilt: it holds open rows only).
+ *    ordered head check is per aggregate per endpoint, among the ordered
+ *    messages (messages_open gains the endpoint column and is rebuilt: it
+ *    holds unfinished ordered rows only).
  *  - The attempt log outbox.attempts: 32 daily list partitions, written by
  *    the workers and emptied whole (TRUNCATE) after
  *    outbox_dispatcher.attempt_log_retention; the view attempt_stats.
@@ -243,11 +244,13 @@ ALTER TABLE @extschema@.messages ADD COLUMN dead_at timestamptz;
 COMMENT ON COLUMN @extschema@.messages.dead_at IS
     'When the message last became dead (kept when it is retried): what recover() selects by';
 
--- The ordered head check: an earlier unfinished message of the same
--- aggregate for the same endpoint (ordering is per aggregate per endpoint).
+-- The ordered head check: an earlier unfinished ordered message of the
+-- same aggregate for the same endpoint (ordering is per aggregate per
+-- endpoint, among its ordered messages; unordered messages are in no
+-- sequence and not in this index).
 DROP INDEX @extschema@.messages_open;
 CREATE INDEX messages_open   ON @extschema@.messages (aggregate_type, aggregate_id, endpoint, id)
-    WHERE status <> 'done';
+    WHERE ordered AND status <> 'done';
 
 -- ---------------------------------------------------------------- subscriptions (fan-out)
 -- publish() creates one delivery (a row of outbox.messages) per endpoint

@@ -33,7 +33,7 @@
  *                                                 -- ready rows per endpoint, oldest first
  *   messages_leased  (lease_until) WHERE lease_until IS NOT NULL
  *                                                 -- expired leases / reaping
- *   messages_open    (aggregate_type, aggregate_id, endpoint, id) WHERE status <> 'done'
+ *   messages_open    (aggregate_type, aggregate_id, endpoint, id) WHERE ordered AND status <> 'done'
  *                                                 -- ordered head check (per endpoint)
  *   messages_done    (done_at)          WHERE done -- retention purge
  *   messages_dead    (endpoint, id)     WHERE dead -- dead letters, retry_dead
@@ -324,10 +324,13 @@ CREATE INDEX messages_ready  ON @extschema@.messages (endpoint, available_at, id
 -- make the planner walk messages_open and sort.
 CREATE INDEX messages_leased ON @extschema@.messages (lease_until)
     WHERE lease_until IS NOT NULL;
--- The ordered head check: an earlier unfinished message of the same
--- aggregate for the same endpoint (ordering is per aggregate per endpoint).
+-- The ordered head check: an earlier unfinished ordered message of the
+-- same aggregate for the same endpoint (ordering is per aggregate per
+-- endpoint, among its ordered messages).  Unordered messages are in no
+-- sequence and so in this index at no point: neither the producer's insert
+-- nor the claim and finalize of an unordered message touch it.
 CREATE INDEX messages_open   ON @extschema@.messages (aggregate_type, aggregate_id, endpoint, id)
-    WHERE status <> 'done';
+    WHERE ordered AND status <> 'done';
 CREATE INDEX messages_done   ON @extschema@.messages (done_at)
     WHERE status = 'done';
 CREATE INDEX messages_dead   ON @extschema@.messages (endpoint, id)

@@ -153,8 +153,8 @@ static const char *const SQL_NEXT_DEADLINE =
     "  UNION ALL"
 
 /*
- * An ordered message waits for every earlier message of its aggregate.
- * From 0.3.0 it also waits, whatever the producers lock, for every
+ * An ordered message waits for every earlier message of its sequence (see
+ * SQL_CLAIM below).  From 0.3.0 it also waits, whatever the producers lock, for every
  * transaction that could still commit an earlier one: the insert trigger
  * gives each message its id only after its transaction has an xid, and
  * records in ordered_after the next xid as of then, so every transaction
@@ -167,7 +167,7 @@ static const char *const SQL_NEXT_DEADLINE =
     " AND (m.ordered_after IS NULL OR m.ordered_after <= pg_snapshot_xmin(pg_current_snapshot())" \
     "      OR m.ordered_after > pg_snapshot_xmax(pg_current_snapshot()))"
 
-#define SQL_CLAIM_READY_ARM(commit_order, same_endpoint) \
+#define SQL_CLAIM_READY_ARM(commit_order, same_sequence) \
     "  SELECT r.id FROM (SELECT endpoint, n FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q" \
     "   CROSS JOIN LATERAL (" \
     "    SELECT m.id FROM outbox.messages AS m" \
@@ -175,7 +175,7 @@ static const char *const SQL_NEXT_DEADLINE =
     "       AND (NOT m.ordered OR (NOT EXISTS (" \
     "             SELECT 1 FROM outbox.messages AS p" \
     "              WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
-    "                AND " same_endpoint "p.id < m.id AND p.status <> 'done')" commit_order "))" \
+    "                AND " same_sequence "p.id < m.id AND p.status <> 'done')" commit_order "))" \
     "     ORDER BY m.available_at, m.id LIMIT q.n" \
     "       FOR UPDATE OF m SKIP LOCKED) AS r" \
     "  LIMIT $2) "
@@ -194,21 +194,26 @@ static const char *const SQL_NEXT_DEADLINE =
  * rows only, for when no lease can have expired yet ($4 and $7 unused:
  * declared parameters need not be referenced).
  */
-#define SQL_CLAIM_VARIANTS(order, same_endpoint, max_m) \
+#define SQL_CLAIM_VARIANTS(order, same_sequence, max_m) \
     { \
-        SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED, max_m) SQL_CLAIM_READY_ARM(order, same_endpoint) \
+        SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_EXPIRED_ARM(EXPIRED, max_m) SQL_CLAIM_READY_ARM(order, same_sequence) \
             SQL_CLAIM_UPDATE, \
-            SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM(order, same_endpoint) SQL_CLAIM_UPDATE \
+            SQL_CLAIM_QUOTA "picked AS (" SQL_CLAIM_READY_ARM(order, same_sequence) SQL_CLAIM_UPDATE \
     }
 /*
- * From 0.3.0 the order is per aggregate per endpoint: the deliveries of one
- * published event to several endpoints never wait for each other, and a
- * dead subscriber blocks only its own deliveries (messages_open is
- * (aggregate_type, aggregate_id, endpoint, id) there).
+ * From 0.3.0 the sequence of an ordered message is the ordered messages of
+ * its aggregate for its endpoint: the deliveries of one published event to
+ * several endpoints never wait for each other, a dead subscriber blocks
+ * only its own deliveries, and unordered messages are in no sequence, so
+ * none of them is ever waited for (messages_open is (aggregate_type,
+ * aggregate_id, endpoint, id) WHERE ordered AND status <> 'done' there: an
+ * unordered message costs no entry in it, at insert, claim or finalize).
+ * Before 0.3.0 every earlier message of the aggregate counts.
  */
 static const char *const SQL_CLAIM[2][2] = {
     SQL_CLAIM_VARIANTS("", "", "$4"),
-    SQL_CLAIM_VARIANTS(ORDERED_AFTER_OLDER_TRANSACTIONS, "p.endpoint = m.endpoint AND ", MAX_ATTEMPTS_030("m", "$4"))
+    SQL_CLAIM_VARIANTS(ORDERED_AFTER_OLDER_TRANSACTIONS, "p.endpoint = m.endpoint AND p.ordered AND ",
+                       MAX_ATTEMPTS_030("m", "$4"))
 };
 
 #define SQL_FINALIZE_TEXT(dead_at) \

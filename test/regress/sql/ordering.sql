@@ -1,6 +1,7 @@
 --
--- ordering: an ordered message is claimed only when no earlier message of
--- its (aggregate_type, aggregate_id) is pending, processing or dead.
+-- ordering: an ordered message is claimed only when no earlier ordered
+-- message of its (aggregate_type, aggregate_id) for its endpoint is
+-- pending, processing or dead.
 --
 TRUNCATE outbox.messages RESTART IDENTITY;
 DELETE FROM outbox.endpoints;
@@ -64,18 +65,22 @@ SELECT outbox.enqueue('order', 'Z', 'order.viewed',   '{}') AS id;
 SELECT outbox.enqueue('order', 'Z', 'order.viewed',   '{}') AS id;
 SELECT id, event_type, ordered FROM outbox.claim('worker', 100, '1 minute') ORDER BY id;
 
--- An ordered message does wait for any earlier unfinished message of its
--- aggregate, ordered or not (docs/reference.md §11: "no earlier message ... is
--- pending, processing or dead").
+-- Nor do unordered messages hold back an ordered one: the sequence of an
+-- ordered message is the ordered messages of its aggregate (and endpoint).
+-- The first claim takes the pending unordered message and the first
+-- ordered one together (the second ordered one waits for the first); the
+-- unordered one then dies, and the second ordered one is delivered all
+-- the same.
 TRUNCATE outbox.messages RESTART IDENTITY;
 SELECT outbox.enqueue('order', 'Z', 'order.viewed',  '{}') AS id;
 SELECT outbox.enqueue('order', 'Z', 'order.paid',    '{}', ordered => true) AS id;
+SELECT outbox.enqueue('order', 'Z', 'order.shipped', '{}', ordered => true) AS id;
 CREATE TEMP TABLE unordered_head AS SELECT * FROM outbox.claim('worker', 100, '1 minute');
 SELECT id, event_type, ordered FROM unordered_head ORDER BY id;
-SELECT count(*) AS claimed FROM outbox.claim('worker', 100, '1 minute');
--- Once the unordered message is done, the ordered one flows.
-SELECT outbox.mark_done(id, lease_version) AS done FROM unordered_head;
+SELECT outbox.mark_dead(id, lease_version, 'HTTP 422', 422) AS dead FROM unordered_head WHERE NOT ordered;
+SELECT outbox.mark_done(id, lease_version) AS done FROM unordered_head WHERE ordered;
 SELECT pg_temp.deliver_round() AS delivered;
+SELECT id, ordered, status FROM outbox.messages ORDER BY id;
 
 -- ------------------------------------------------------------------
 -- A dead head blocks its aggregate until an operator retries or skips it;
