@@ -71,8 +71,8 @@ struct HttpEngine::Transfer {
 
 namespace {
 
-extern "C" int od_curl_socket_cb(CURL *, curl_socket_t fd, int what, void *userp, void *) {
-    return static_cast<HttpEngine *>(userp)->socket_cb(static_cast<int>(fd), what);
+extern "C" int od_curl_socket_cb(CURL *, curl_socket_t fd, int what, void *userp, void *socketp) {
+    return static_cast<HttpEngine *>(userp)->socket_cb(static_cast<int>(fd), what, socketp != nullptr);
 }
 
 extern "C" int od_curl_timer_cb(CURLM *, long timeout_ms, void *userp) {
@@ -425,13 +425,18 @@ void HttpEngine::release(Transfer *t) noexcept {
 }
 
 /*
- * libcurl says what it wants of a socket: the epoll set follows at once.
- * Level-triggered, so readiness nobody acted on is reported again.  A
- * socket libcurl closes leaves the set by itself (REMOVE comes first
- * anyway); an ADD that finds the descriptor still registered (a number
- * reused) becomes a MOD, and a MOD that finds none an ADD.
+ * libcurl says what it wants of a socket: the epoll set follows at once,
+ * one epoll_ctl per change.  Level-triggered, so readiness nobody acted on
+ * is reported again.  libcurl keeps a pointer per socket for us (and drops
+ * it with the socket, at REMOVE): set once the socket is added, so a
+ * socket libcurl has not told us about is ADDed and a known one MODified
+ * without trying the other first — every pooled connection is new to
+ * libcurl's socket hash each time a transfer picks it up, so guessing MOD
+ * first failed once per request.  A socket libcurl closes leaves the set
+ * by itself (REMOVE comes first anyway); an ADD that finds the number still
+ * registered (reused) becomes a MOD, a MOD that finds none an ADD.
  */
-int HttpEngine::socket_cb(int fd, int what) noexcept {
+int HttpEngine::socket_cb(int fd, int what, bool known) noexcept {
     if (what == CURL_POLL_REMOVE) {
         ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr); /* ENOENT/EBADF: already gone */
         return 0;
@@ -440,9 +445,18 @@ int HttpEngine::socket_cb(int fd, int what) noexcept {
     ev.events = ((what == CURL_POLL_IN || what == CURL_POLL_INOUT) ? EPOLLIN : 0u) |
                 ((what == CURL_POLL_OUT || what == CURL_POLL_INOUT) ? EPOLLOUT : 0u);
     ev.data.fd = fd;
-    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0) return 0;
-    if (errno == ENOENT && ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) == 0) return 0;
-    return -1; /* libcurl fails the transfers on this socket */
+    bool ok = ::epoll_ctl(epfd_, known ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) == 0;
+    if (!ok) {
+        poll_set_failures_++;
+        if (errno == (known ? ENOENT : EEXIST))
+            ok = ::epoll_ctl(epfd_, known ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev) == 0;
+        if (!ok) {
+            poll_set_failures_++;
+            return -1; /* libcurl fails the transfers on this socket */
+        }
+    }
+    if (!known) curl_multi_assign(multi_, static_cast<curl_socket_t>(fd), this); /* any non-null pointer */
+    return 0;
 }
 
 namespace {

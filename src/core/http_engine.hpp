@@ -165,8 +165,20 @@ class HttpEngine {
      */
     void set_address_filter(const AddressFilter &f) noexcept;
 
-    /* libcurl callbacks (C linkage trampolines call these). */
-    int socket_cb(int fd, int what) noexcept;
+    /*
+     * epoll_ctl calls that added or changed a socket in the epoll set and
+     * failed, a wrong first guess (ADD of a registered number, MOD of an
+     * unregistered one) included: each is a wasted system call, and one
+     * that fails twice leaves a socket unwatched (its transfers fail).
+     */
+    uint64_t poll_set_failures() const noexcept { return poll_set_failures_; }
+
+    /*
+     * libcurl callbacks (C linkage trampolines call these); `known`: the
+     * socket is in the epoll set already (libcurl's per-socket pointer is
+     * set once it is added).
+     */
+    int socket_cb(int fd, int what, bool known) noexcept;
     int timer_cb(long timeout_ms) noexcept;
 
     struct Transfer; /* one easy handle and its buffers (defined in the .cpp) */
@@ -190,6 +202,7 @@ class HttpEngine {
     int epfd_ = -1; /* epoll set of the transfers' sockets (poll_fd()) */
     int64_t deadline_us_ = -1; /* steady clock; -1 = none */
     int still_running_ = 0;
+    uint64_t poll_set_failures_ = 0;
     long max_connections_ = 256;
     AddressFilter filter_;
     bool retire_pool_ = false; /* the filter changed: the pool's connections predate it */
