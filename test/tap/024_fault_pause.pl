@@ -4,8 +4,9 @@
 # (ALTER SYSTEM SET outbox_dispatcher.enabled = off + pg_reload_conf())
 # while requests are in flight, then resumed.
 #
-# Setup: 2 workers, a sink that answers every request after 500 ms, 2000
-# messages committed while traffic flows.  The lease is 10 s (endpoint
+# Setup: 2 workers, a sink that answers every request after 2 s (500 ms
+# from the resume on), 2000 messages committed while traffic flows.  The
+# lease is 10 s (endpoint
 # timeout 5 s) rather than the 3 s of the crash tests: nothing here waits
 # for a lease to expire, and a takeover caused by a slow loaded machine
 # would be a duplicate this scenario must not have.
@@ -68,7 +69,12 @@ log_statement = none
 });
 
 my $sink = OdSink->start($node->basedir);
-$sink->script({ path => '/hook', status => 200, delay_ms => 500 });
+# Answers take 2 s while the pause is applied, so that what was in flight
+# when it took effect is still in flight when the test reads it: applying
+# it (ALTER SYSTEM, reloads, two worker cycles) took 0.41 s on a slow
+# machine, and with 0.5 s answers the first wave had already been answered
+# and finalized by then.  500 ms again from the resume on.
+$sink->script({ path => '/hook', status => 200, delay_ms => 2000 });
 $node->safe_psql('postgres',
 	"INSERT INTO outbox.endpoints (name, url, timeout) VALUES ('default', '" . $sink->url('/hook') . "', interval '5 s')");
 ok(poll_until($node, q{SELECT count(*) FROM outbox.worker_stats WHERE pid IS NOT NULL AND state IN ('idle', 'delivering', 'claiming')}, '2', 20),
@@ -147,6 +153,7 @@ SELECT count(*) FILTER (WHERE status = 'pending'),
 }
 
 # ------------------------------------------------------------------ resume
+$sink->script({ path => '/hook', status => 200, delay_ms => 500 });
 ok(set_enabled($node, 'on'), 'enabled = on + pg_reload_conf(): every worker applied it');
 ok(wait_settled($node, timeout => 60), 'resumed: every message settled (nothing pending or processing)');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages WHERE status = 'done'}), '2200',
