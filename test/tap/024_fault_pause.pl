@@ -6,10 +6,9 @@
 #
 # Setup: 2 workers, a sink that answers every request after 2 s (500 ms
 # from the resume on), 2000 messages committed while traffic flows.  The
-# lease is 10 s (endpoint
-# timeout 5 s) rather than the 3 s of the crash tests: nothing here waits
-# for a lease to expire, and a takeover caused by a slow loaded machine
-# would be a duplicate this scenario must not have.
+# lease is 10 s (endpoint timeout 5 s) rather than the 3 s of the crash
+# tests: nothing here waits for a lease to expire, and a takeover caused by
+# a slow loaded machine would be a duplicate this scenario must not have.
 #
 # Proves:
 #   - the pause hits requests in flight: after every worker has applied the
