@@ -24,7 +24,8 @@
  *      the endpoint's expired leases be taken over, -1 does not: its breaker
  *      is open) up to its count of pending
  *      rows with available_at <= now() (and, for ordered rows, no unfinished
- *      earlier message of the same aggregate), oldest available_at first.
+ *      earlier message of the same sequence: see SQL_CLAIM), oldest
+ *      available_at first.
  *      Disabled endpoints are skipped.  Every arm is an index scan that
  *      stops after its limit, so the cost is proportional to the batch:
  *      retained done/dead rows are in no partial index, rows scheduled for
@@ -154,13 +155,13 @@ static const char *const SQL_NEXT_DEADLINE =
 
 /*
  * An ordered message waits for every earlier message of its sequence (see
- * SQL_CLAIM below).  From 0.3.0 it also waits, whatever the producers lock, for every
- * transaction that could still commit an earlier one: the insert trigger
- * gives each message its id only after its transaction has an xid, and
- * records in ordered_after the next xid as of then, so every transaction
- * holding a lower id has an xid below it.  Once the snapshot's xmin has
- * reached it they have all ended, and their messages are visible to the
- * NOT EXISTS.  A value beyond the snapshot's xmax never came from this
+ * SQL_CLAIM below).  From 0.3.0 it also waits, whatever the producers
+ * lock, for every transaction that could still commit an earlier one: the
+ * insert trigger gives each message its id only after its transaction has
+ * an xid, and records in ordered_after the next xid as of then, so every
+ * transaction holding a lower id has an xid below it.  Once the snapshot's
+ * xmin has reached it they have all ended, and their messages are visible
+ * to the NOT EXISTS.  A value beyond the snapshot's xmax never came from this
  * cluster's xid counter (a dump restored elsewhere): not waited for.
  */
 #define ORDERED_AFTER_OLDER_TRANSACTIONS \
