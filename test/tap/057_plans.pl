@@ -21,7 +21,10 @@
 #   - the finalize reads messages by primary-key probes only (id = ANY) and
 #     joins them to its results by hashing, also when its plan was made on
 #     a table analyzed empty that then grew (3,000 rows): planned so, a
-#     nested loop walked the whole primary key on every finalize;
+#     nested loop walked the whole primary key on every finalize.  Both
+#     finalize statements: the one for batches of done results only, and
+#     the general one (100 messages per phase to an endpoint that answers
+#     each message's first request 503 and its retry 200);
 #   - the attempt log's retention check ("rows before the cutoff in a kept
 #     partition?", after every reload) reads the partition's BRIN summary,
 #     not every row of the day.
@@ -53,10 +56,16 @@ autovacuum = off
 $node->start;
 my $sink = OdSink->start($node->basedir);
 my $url = $sink->url('/hook');
+# 'flaky' answers each message's first request 503 (its breaker off, so that
+# the 503s do not stop it): its retries go through the general finalize, the
+# batches of done results only through the other one
+$sink->script({ path => '/flaky', status => 200, fail_first => 1, fail_status => 503 });
+my $flaky_url = $sink->url('/flaky');
 $node->safe_psql(
 	'postgres', qq{
 CREATE EXTENSION outbox_dispatcher;
 INSERT INTO outbox.endpoints (name, url) VALUES ('default', '$url');
+INSERT INTO outbox.endpoints (name, url, retry_schedule, breaker_threshold) VALUES ('flaky', '$flaky_url', '{1 second}', 0);
 });
 
 # the plans auto_explain logged for the workers' statements on outbox.messages since $offset
@@ -68,11 +77,12 @@ sub worker_plans
 	  split /\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] )/, $log;
 }
 
-# the workers' finalize (UPDATE ... FROM unnest(results)), as auto_explain logs it
+# the workers' finalize (UPDATE ... FROM unnest(results)), as auto_explain logs it: the
+# general one, or the one for a batch of done results only
 sub is_finalize
 {
 	my ($e) = @_;
-	return $e =~ /SET status = CASE r\.status/;
+	return $e =~ /SET status = (?:CASE r\.status|'done', done_at = now\(\), last_error = r\.error)/;
 }
 
 # a finalize plan reads outbox.messages only by probes of the primary key, one per result
@@ -91,11 +101,15 @@ sub finalize_probes_only
 
 sub enqueue_sql
 {
-	my ($n, $type, $ordered) = @_;
-	return "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, ordered)
-	        SELECT '$type', (g % 50)::text, 'order.created', jsonb_build_object('n', g), $ordered
+	my ($n, $type, $ordered, $endpoint) = @_;
+	$endpoint //= 'default';
+	return "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, ordered, endpoint)
+	        SELECT '$type', (g % 50)::text, 'order.created', jsonb_build_object('n', g), $ordered, '$endpoint'
 	          FROM generate_series(1, $n) AS g";
 }
+
+# the two finalize statements: every result (CASE r.status per row), or a batch of done results only
+sub is_general_finalize { return $_[0] =~ /SET status = CASE r\.status/; }
 
 # 1. plans prepared on an empty table
 for my $i (1 .. 20)
@@ -137,6 +151,7 @@ $node->safe_psql('postgres', "UPDATE outbox.messages SET attempts = 12 WHERE id 
 like($orphan, qr/^\d+$/, 'an SQL claim holds a message with a 1 s lease');
 $node->safe_psql('postgres', enqueue_sql(2000, 'order', 'false'));
 $node->safe_psql('postgres', enqueue_sql(1000, 'ledger', 'true'));
+$node->safe_psql('postgres', enqueue_sql(100, 'flaky', 'false', 'flaky'));
 $node->safe_psql('postgres', q{ALTER SYSTEM SET outbox_dispatcher.enabled = on; SELECT pg_reload_conf();});
 
 ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status IN ('pending', 'processing')}, '0', 90),
@@ -188,6 +203,8 @@ cmp_ok($reaps, '<=', $allowed, "reaps run only with a lease check ($reaps)");
 
 my @finalizes = grep { is_finalize($_) } @worker_plans;
 cmp_ok(scalar(@finalizes), '>=', 5, 'finalize plans logged (' . scalar(@finalizes) . ')');
+cmp_ok(scalar(grep { is_general_finalize($_) } @finalizes), '>=', 1, 'the general finalize among them (retries)');
+cmp_ok(scalar(grep { !is_general_finalize($_) } @finalizes), '>=', 1, 'the done-only finalize among them');
 is(scalar(grep { !finalize_probes_only($_) } @finalizes), 0,
 	'every finalize reads outbox.messages by primary-key probes only');
 
@@ -210,6 +227,7 @@ ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status <> 'don
 # no ANALYZE, no DDL from here on: the plans made above stay
 my $lsn0 = $node->safe_psql('postgres', 'SELECT pg_current_wal_insert_lsn()');
 $node->safe_psql('postgres', enqueue_sql(3000, 'grown', 'false'));
+$node->safe_psql('postgres', enqueue_sql(100, 'grown-flaky', 'false', 'flaky'));
 ok(poll_until($node, q{SELECT count(*) FROM outbox.messages WHERE status <> 'done'}, '0', 60),
 	'3,000 more messages delivered on the grown table');
 my $lsn1 = $node->safe_psql('postgres', 'SELECT pg_current_wal_insert_lsn()');
@@ -224,6 +242,7 @@ cmp_ok($locks / 3000, '<', 1.5, sprintf('%.2f row-lock WAL records per delivered
 sleep 0.5;
 @finalizes = grep { is_finalize($_) } worker_plans($log_offset);
 cmp_ok(scalar(@finalizes), '>=', 10, 'finalize plans logged since the empty ANALYZE (' . scalar(@finalizes) . ')');
+cmp_ok(scalar(grep { is_general_finalize($_) } @finalizes), '>=', 1, 'the general finalize among them');
 my @walks = grep { !finalize_probes_only($_) } @finalizes;
 is(scalar(@walks), 0, 'planned on a table analyzed empty, the finalize still reads messages by primary-key probes only')
   or diag(substr($walks[0], 0, 3000));
