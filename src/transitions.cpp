@@ -596,6 +596,7 @@ od_finalize(OdFinalize *items, int n, int flags)
     bool            *err_nulls, *http_nulls, *until_nulls;
     bool             all_done = true;
     Datum            args[9];
+    Datum            error_arr, http_arr, until_arr;
     SPIPlanPtr       plan;
     int64           *applied_ids;
     int              napplied;
@@ -628,14 +629,18 @@ od_finalize(OdFinalize *items, int n, int flags)
         until_nulls[i] = (it->lease_until == 0);
         all_done = all_done && it->verdict == od::Verdict::Done;
     }
+    /* the arrays both statements take (at their own positions) */
     args[0] = PointerGetDatum(od_build_array(ids, nullptr, n, INT8OID));
     args[1] = PointerGetDatum(od_build_array(vers, nullptr, n, INT8OID));
+    error_arr = PointerGetDatum(od_build_array(errors, err_nulls, n, TEXTOID));
+    http_arr = PointerGetDatum(od_build_array(https, http_nulls, n, INT4OID));
+    until_arr = PointerGetDatum(od_build_array(untils, until_nulls, n, TIMESTAMPTZOID));
     if (all_done)
     {
         plan = od_prepare_hot(&plan_finalize_done, SQL_FINALIZE_DONE, 5, done_types);
-        args[2] = PointerGetDatum(od_build_array(errors, err_nulls, n, TEXTOID));
-        args[3] = PointerGetDatum(od_build_array(https, http_nulls, n, INT4OID));
-        args[4] = PointerGetDatum(od_build_array(untils, until_nulls, n, TIMESTAMPTZOID));
+        args[2] = error_arr;
+        args[3] = http_arr;
+        args[4] = until_arr;
     }
     else
     {
@@ -656,11 +661,11 @@ od_finalize(OdFinalize *items, int n, int flags)
         }
         args[2] = PointerGetDatum(od_build_array(statuses, nullptr, n, TEXTOID));
         args[3] = PointerGetDatum(od_build_array(delays, nullptr, n, INTERVALOID));
-        args[4] = PointerGetDatum(od_build_array(errors, err_nulls, n, TEXTOID));
-        args[5] = PointerGetDatum(od_build_array(https, http_nulls, n, INT4OID));
+        args[4] = error_arr;
+        args[5] = http_arr;
         args[6] = PointerGetDatum(od_build_array(refunds, nullptr, n, BOOLOID));
         args[7] = od_us_to_interval((int64) od_max_defer_age_s * USECS_PER_SEC);
-        args[8] = PointerGetDatum(od_build_array(untils, until_nulls, n, TIMESTAMPTZOID));
+        args[8] = until_arr;
     }
 
     /* any replanning happens inside the execution: the join shape for it (see "Plans") */
