@@ -38,6 +38,8 @@ int                            od_batch_size = 100;
 int                            od_lease_ms = 60000;
 int                            od_max_attempts = 12;
 int                            od_poll_interval_ms = 1000;
+int                            od_min_claim_interval_ms = 5;
+int                            od_worker_nice = 10;
 int                            od_backoff_base_ms = 1000;
 int                            od_backoff_cap_ms = 300000;
 int                            od_defer_delay_ms = 30000;
@@ -103,6 +105,7 @@ od_shmem_startup(void)
         od_shared->max_endpoints = od_max_endpoints;
         pg_atomic_init_u32(&od_shared->endpoints_unserved, 0);
         pg_atomic_init_u64(&od_shared->endpoints_generation, 0);
+        pg_atomic_init_u64(&od_shared->last_claim_at, 0);
         pg_atomic_init_u64(&od_shared->lost_leases, 0);
         pg_atomic_init_u64(&od_shared->lease_check_at, 0); /* after a (re)start: check at once */
         for (int i = 0; i < OD_MAX_WORKERS; i++)
@@ -303,6 +306,16 @@ od_define_gucs(void)
     DefineCustomIntVariable("outbox_dispatcher.poll_interval",
                             "Fallback polling interval of idle workers (commits wake them at once).", NULL,
                             &od_poll_interval_ms, 1000, 10, 3600 * 1000, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.min_claim_interval",
+                            "Shortest time between two claims that commits trigger, after a claim that was not full.",
+                            "Commits in between are claimed together, in fewer and larger transactions; 0 claims at "
+                            "every commit.",
+                            &od_min_claim_interval_ms, 5, 0, 10000, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+    DefineCustomIntVariable("outbox_dispatcher.worker_nice",
+                            "Scheduling priority (nice value) the dispatcher workers give themselves at start.",
+                            "Higher values yield the CPU to the application's backends under contention; 0 keeps "
+                            "the postmaster's priority.",
+                            &od_worker_nice, 10, 0, 19, PGC_POSTMASTER, 0, NULL, NULL, NULL);
     DefineCustomIntVariable("outbox_dispatcher.backoff_base",
                             "Base of the full-jitter exponential backoff between attempts.", NULL, &od_backoff_base_ms,
                             1000, 1, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);

@@ -16,6 +16,8 @@ extern int   od_batch_size;
 extern int   od_lease_ms;
 extern int   od_max_attempts;
 extern int   od_poll_interval_ms;
+extern int   od_min_claim_interval_ms;
+extern int   od_worker_nice;
 extern int   od_backoff_base_ms;
 extern int   od_backoff_cap_ms;
 extern int   od_defer_delay_ms;
@@ -176,6 +178,7 @@ typedef struct OdShared
     pg_atomic_uint64 lease_check_at;       /* TimestampTz: look for expired leases from then (0 = now) */
     pg_atomic_uint32 endpoints_unserved;   /* enabled endpoints the last refresh found no slot for */
     pg_atomic_uint64 endpoints_generation; /* bumped at the commit of every change of outbox.endpoints (0.3.0) */
+    pg_atomic_uint64 last_claim_at;        /* TimestampTz of the workers' latest claim (claim spacing) */
     int              max_endpoints;        /* slots in od_endpoint_slots() */
     OdWorkerSlot     workers[OD_MAX_WORKERS];
     LWLock          *endpoint_lock; /* assigns and reclaims endpoint slots */

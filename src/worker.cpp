@@ -8,8 +8,10 @@
  *
  *   claim      one short transaction (transitions.cpp od_claim) when there
  *              is room in the pipeline and a reason to look (the rules are
- *              core/schedule.cpp): a commit woke us (latch), the last claim
- *              came back full, or poll_interval passed.  Rows are copied
+ *              core/schedule.cpp): a commit woke us (latch; no sooner than
+ *              min_claim_interval after the latest claim of any worker,
+ *              unless ours came back full), the last claim came back full,
+ *              or poll_interval passed.  Rows are copied
  *              out and the transaction commits before anything is sent.
  *   deliver    outside any transaction: the Dispatcher (core/dispatcher.cpp)
  *              sends every claimed message concurrently through the libcurl
@@ -119,6 +121,22 @@ raise_fd_limit(void)
         return 0;
     spare = (long) rl.rlim_cur - (long) max_files_per_process - 64;
     return (size_t) Max(8L, spare / 3);
+}
+
+/*
+ * outbox_dispatcher.worker_nice: under CPU contention the application's
+ * backends go first.  Only ever lowered (a process cannot raise its own
+ * priority back), hence a postmaster setting applied once at start.
+ */
+static void
+lower_priority(void)
+{
+    if (od_worker_nice <= 0)
+        return;
+    if (setpriority(PRIO_PROCESS, 0, od_worker_nice) != 0)
+        ereport(WARNING,
+                (errmsg("outbox_dispatcher worker %d: could not set its nice value to %d: %m", W.worker_index,
+                        od_worker_nice)));
 }
 
 namespace odw {
@@ -251,6 +269,9 @@ observe(TimestampTz now)
      * finished but not yet finalized */
     c.held = (int) (W.disp->outstanding() + W.disp->outcomes().size());
     c.woken = W.sched.woken;
+    c.last_claim = (TimestampTz) pg_atomic_read_u64(&od_shared->last_claim_at);
+    /* the latest claim of any worker: commits between two claims go in one */
+    c.claim_spacing_us = (int64) od_min_claim_interval_ms * 1000;
     c.last_claim_full = W.sched.last_claim_full;
     c.next_poll = W.sched.next_poll;
     c.next_quota = W.next_quota_at;
@@ -328,6 +349,7 @@ step_claim(int room)
     int n;
 
     W.sched.woken = false;
+    pg_atomic_write_u64(&od_shared->last_claim_at, (uint64) GetCurrentTimestamp());
     n = do_claim(room, !W.disp->outcomes().empty());
     W.sched.last_claim_full = (n == room) || W.claim_quota_full;
     if (n > 0 && W.sched.last_claim_full)
@@ -474,6 +496,7 @@ od_worker_main(Datum arg)
     W.n_holds = od_shared->max_endpoints;
     W.holds = (SlotHold *) MemoryContextAllocZero(TopMemoryContext, sizeof(SlotHold) * W.n_holds);
     W.transfer_budget = raise_fd_limit();
+    lower_priority();
 
     W.disp = new (std::nothrow) od::Dispatcher();
     if (W.disp == nullptr)

@@ -20,6 +20,27 @@ int64_t least(int64_t a, int64_t b) noexcept {
     return a < b ? a : b;
 }
 
+/* When a wake may claim: at once after a full claim, else claim_spacing_us after the last claim. */
+int64_t wake_claim_at(const WorkerCycle &c) noexcept {
+    if (c.last_claim_full || c.last_claim == 0 || c.claim_spacing_us <= 0) return 0;
+    return c.last_claim + c.claim_spacing_us;
+}
+
+/*
+ * When the waiting results are due for a transaction of their own:
+ * flush_after_us after the oldest, or, if a wake's claim is pending and
+ * comes within claim_spacing_us of the oldest, at that claim (which
+ * finalizes them in its own transaction).
+ */
+int64_t finalize_due(const WorkerCycle &c) noexcept {
+    int64_t due = c.oldest_result + c.flush_after_us;
+    if (c.woken && c.active && !c.claims_held && c.pipeline - c.held >= half_pipeline(c)) {
+        int64_t claim_at = wake_claim_at(c);
+        if (claim_at > due && claim_at <= c.oldest_result + c.claim_spacing_us) due = claim_at;
+    }
+    return due;
+}
+
 } // namespace
 
 bool has_claim_room(const WorkerCycle &c) noexcept {
@@ -28,7 +49,7 @@ bool has_claim_room(const WorkerCycle &c) noexcept {
 
 int claim_now(const WorkerCycle &c) noexcept {
     if (!c.active || backing_off(c) || c.claims_held || !has_claim_room(c)) return 0;
-    bool reason = c.woken || c.last_claim_full || c.now >= c.next_poll ||
+    bool reason = (c.woken && c.now >= wake_claim_at(c)) || c.last_claim_full || c.now >= c.next_poll ||
                   (c.next_quota != 0 && c.now >= c.next_quota) || (c.places_released && c.claim_quota_full);
     return reason ? c.pipeline - c.held : 0;
 }
@@ -36,7 +57,7 @@ int claim_now(const WorkerCycle &c) noexcept {
 bool finalize_now(const WorkerCycle &c) noexcept {
     if (c.results <= 0 || backing_off(c)) return false;
     return c.results >= half_pipeline(c) || (c.in_flight == 0 && !c.active) ||
-           c.now >= c.oldest_result + c.flush_after_us;
+           c.now >= finalize_due(c);
 }
 
 bool refresh_now(const WorkerCycle &c) noexcept {
@@ -57,8 +78,9 @@ int64_t next_wakeup(const WorkerCycle &c) noexcept {
     int64_t until = c.endpoints_changed ? c.now : c.next_refresh;
 
     if (can_claim) until = least(until, c.last_claim_full ? c.now : c.next_poll);
+    if (can_claim && c.woken) until = least(until, c.now > wake_claim_at(c) ? c.now : wake_claim_at(c));
     if (can_claim && c.next_quota != 0) until = least(until, c.next_quota);
-    if (c.results > 0) until = least(until, c.oldest_result + c.flush_after_us);
+    if (c.results > 0) until = least(until, finalize_due(c));
     if (c.purges) until = least(until, c.next_purge);
     if (c.replication_poll != 0) until = least(until, c.replication_poll);
     if (backing_off(c) && until < c.backoff_until) until = c.backoff_until;

@@ -15,10 +15,17 @@
  *    back full (there may be more), the fallback poll is due, a refused
  *    reservation may succeed now, or a request finished while the last
  *    claim had taken every place its quotas allowed.
+ *  - A wake claims no sooner than claim_spacing_us after the latest claim
+ *    of any worker, unless this worker's last claim came back full (a
+ *    backlog is claimed at once): under a steady stream of commits, the
+ *    commits in between are claimed together in one transaction instead
+ *    of one each.  After a quiet spell the first commit is claimed at once.
  *  - Finalize when half a batch of results is waiting, when the oldest
  *    result has waited flush_after_us (a claim within that time finalizes
- *    them in its own transaction), or when nothing is in flight and no
- *    claim can come to share the transaction.
+ *    them in its own transaction; a wake's claim held back by the spacing
+ *    is waited for if it comes within claim_spacing_us of the oldest), or
+ *    when nothing is in flight and no claim can come to share the
+ *    transaction.
  *  - Reload the endpoints when a committed change says so (schema 0.3.0
  *    announces them), when the reload period is over, or on a wake while
  *    the extension is missing; the period is poll_interval where changes
@@ -53,6 +60,8 @@ struct WorkerCycle {
 
     /* reasons to claim */
     bool woken = false;            /* the latch was set since the last claim */
+    int64_t last_claim = 0;        /* when the last claim ran; 0 = never */
+    int64_t claim_spacing_us = 0;  /* a wake claims no sooner than this after a claim that was not full */
     bool last_claim_full = false;  /* the last claim took all it asked for */
     int64_t next_poll = 0;         /* the fallback poll */
     int64_t next_quota = 0;        /* a refused reservation may succeed then; 0 = none */

@@ -248,6 +248,57 @@ TEST(Schedule, TheReplicationPollIsADeadline) {
     EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);
 }
 
+TEST(Schedule, AWakeClaimsNoSoonerThanTheSpacingAfterTheLastClaim) {
+    od::WorkerCycle c = quiet();
+    c.woken = true;
+    c.claim_spacing_us = 5 * MS;
+    c.last_claim = NOW - 5 * MS + 1; // a claim (of any worker) 5 ms ago, less 1 us
+    EXPECT_EQ(od::claim_now(c), 0);
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1); // the wait ends when the spacing does
+    c.last_claim = NOW - 5 * MS;
+    EXPECT_EQ(od::claim_now(c), 100);
+
+    c.last_claim = NOW - 1 * MS;
+    c.woken = false; // no commit since: the spacing sets no deadline
+    EXPECT_EQ(od::next_wakeup(c), NOW + 1 * S);
+    c.woken = true;
+    c.last_claim_full = true; // a backlog: claim again at once
+    EXPECT_EQ(od::claim_now(c), 100);
+    c.last_claim_full = false;
+    c.next_poll = NOW; // the poll is no wake: not spaced
+    EXPECT_EQ(od::claim_now(c), 100);
+}
+
+TEST(Schedule, WithoutSpacingOrAnyClaimYetAWakeClaimsAtOnce) {
+    od::WorkerCycle c = quiet();
+    c.woken = true;
+    c.last_claim = NOW + 10; // another worker's claim noted after our clock was read
+    c.claim_spacing_us = 0;
+    EXPECT_EQ(od::claim_now(c), 100);
+    EXPECT_EQ(od::next_wakeup(c), NOW);
+    c.claim_spacing_us = 5 * MS;
+    c.last_claim = 0;
+    EXPECT_EQ(od::claim_now(c), 100);
+}
+
+TEST(Schedule, ResultsWaitForASpacedClaimWithinTheSpacing) {
+    od::WorkerCycle c = quiet();
+    c.results = 3;
+    c.in_flight = 10;
+    c.claim_spacing_us = 5 * MS;
+    c.last_claim = NOW - 2 * MS; // the spaced claim comes at NOW + 3 ms
+    c.oldest_result = NOW - 2 * MS;
+    EXPECT_TRUE(od::finalize_now(c)); // no commit is waiting: the flush delay holds
+    c.woken = true;
+    EXPECT_FALSE(od::finalize_now(c)); // they go with the claim
+    EXPECT_EQ(od::next_wakeup(c), NOW + 3 * MS);
+    c.oldest_result = NOW - 2 * MS - 1; // the claim would come more than 5 ms after the oldest
+    EXPECT_TRUE(od::finalize_now(c));
+    c.oldest_result = NOW - 2 * MS;
+    c.held = 60; // no room for a claim: none will come
+    EXPECT_TRUE(od::finalize_now(c));
+}
+
 TEST(Schedule, WaitRoundsUpAndSaturates) {
     EXPECT_EQ(od::wait_ms(NOW, NOW - 5), 0);
     EXPECT_EQ(od::wait_ms(NOW, NOW), 0);
