@@ -20,23 +20,37 @@ int64_t least(int64_t a, int64_t b) noexcept {
     return a < b ? a : b;
 }
 
-/* When a wake may claim: at once after a full claim, else claim_spacing_us after the last claim. */
+/*
+ * Results are never held for a spaced claim longer than this after the
+ * oldest of them: waiting longer saves little, and a lease can be as short
+ * as 100 ms.
+ */
+const int64_t kMaxFinalizeHoldUs = 20000;
+
+/*
+ * When a wake may claim: at once after a full claim, else claim_spacing_us
+ * after the last claim.  A last claim further ahead than the spacing can
+ * only come from a clock that was set back: ignored, so that it does not
+ * hold commits back until the clock catches up.
+ */
 int64_t wake_claim_at(const WorkerCycle &c) noexcept {
     if (c.last_claim_full || c.last_claim == 0 || c.claim_spacing_us <= 0) return 0;
+    if (c.last_claim - c.now > c.claim_spacing_us) return 0;
     return c.last_claim + c.claim_spacing_us;
 }
 
 /*
  * When the waiting results are due for a transaction of their own:
  * flush_after_us after the oldest, or, if a wake's claim is pending and
- * comes within claim_spacing_us of the oldest, at that claim (which
- * finalizes them in its own transaction).
+ * comes within claim_spacing_us (at most kMaxFinalizeHoldUs) of the
+ * oldest, at that claim (which finalizes them in its own transaction).
  */
 int64_t finalize_due(const WorkerCycle &c) noexcept {
     int64_t due = c.oldest_result + c.flush_after_us;
     if (c.woken && c.active && !c.claims_held && c.pipeline - c.held >= half_pipeline(c)) {
         int64_t claim_at = wake_claim_at(c);
-        if (claim_at > due && claim_at <= c.oldest_result + c.claim_spacing_us) due = claim_at;
+        if (claim_at > due && claim_at <= c.oldest_result + least(c.claim_spacing_us, kMaxFinalizeHoldUs))
+            due = claim_at;
     }
     return due;
 }

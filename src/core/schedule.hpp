@@ -19,11 +19,14 @@
  *    of any worker, unless this worker's last claim came back full (a
  *    backlog is claimed at once): under a steady stream of commits, the
  *    commits in between are claimed together in one transaction instead
- *    of one each.  After a quiet spell the first commit is claimed at once.
+ *    of one each.  After a quiet spell the first commit is claimed at once;
+ *    so is every commit while the latest claim lies further ahead than the
+ *    spacing (the clock was set back).
  *  - Finalize when half a batch of results is waiting, when the oldest
  *    result has waited flush_after_us (a claim within that time finalizes
  *    them in its own transaction; a wake's claim held back by the spacing
- *    is waited for if it comes within claim_spacing_us of the oldest), or
+ *    is waited for if it comes within claim_spacing_us of the oldest, at
+ *    most 20 ms), or
  *    when nothing is in flight and no claim can come to share the
  *    transaction.
  *  - Reload the endpoints when a committed change says so (schema 0.3.0

@@ -299,6 +299,35 @@ TEST(Schedule, ResultsWaitForASpacedClaimWithinTheSpacing) {
     EXPECT_TRUE(od::finalize_now(c));
 }
 
+TEST(Schedule, ResultsAreHeldForASpacedClaimAtMost20ms) {
+    od::WorkerCycle c = quiet();
+    c.results = 3;
+    c.in_flight = 10;
+    c.woken = true;
+    c.claim_spacing_us = 1 * S;
+    c.oldest_result = NOW - 3 * MS;
+    c.last_claim = NOW - 1 * S + 17 * MS; // the spaced claim comes 20 ms after the oldest result
+    EXPECT_FALSE(od::finalize_now(c));
+    EXPECT_EQ(od::next_wakeup(c), NOW + 17 * MS);
+    c.last_claim += 1; // 20 ms and 1 us: not waited for
+    EXPECT_TRUE(od::finalize_now(c));
+    EXPECT_EQ(od::claim_now(c), 0); // the claim itself stays spaced
+}
+
+TEST(Schedule, ALastClaimFromAClockSetBackDoesNotHoldWakes) {
+    od::WorkerCycle c = quiet();
+    c.woken = true;
+    c.claim_spacing_us = 5 * MS;
+    c.last_claim = NOW + 5 * MS; // within the spacing: another worker's claim, a clock read apart
+    EXPECT_EQ(od::claim_now(c), 0);
+    EXPECT_EQ(od::next_wakeup(c), NOW + 10 * MS);
+    c.last_claim = NOW + 5 * MS + 1; // further ahead: the clock was set back since
+    EXPECT_EQ(od::claim_now(c), 100);
+    c.last_claim = NOW + 3600 * S;
+    EXPECT_EQ(od::claim_now(c), 100);
+    EXPECT_EQ(od::next_wakeup(c), NOW);
+}
+
 TEST(Schedule, WaitRoundsUpAndSaturates) {
     EXPECT_EQ(od::wait_ms(NOW, NOW - 5), 0);
     EXPECT_EQ(od::wait_ms(NOW, NOW), 0);
