@@ -20,6 +20,15 @@ int64_t least(int64_t a, int64_t b) noexcept {
     return a < b ? a : b;
 }
 
+int64_t greatest(int64_t a, int64_t b) noexcept {
+    return a > b ? a : b;
+}
+
+/* A claim can come (now or at a deadline): claiming is on, not held for the standbys, and there is room. */
+bool claim_can_come(const WorkerCycle &c) noexcept {
+    return c.active && !c.claims_held && has_claim_room(c);
+}
+
 /*
  * Results are never held for a spaced claim longer than this after the
  * oldest of them: waiting longer saves little, and a lease can be as short
@@ -47,7 +56,7 @@ int64_t wake_claim_at(const WorkerCycle &c) noexcept {
  */
 int64_t finalize_due(const WorkerCycle &c) noexcept {
     int64_t due = c.oldest_result + c.flush_after_us;
-    if (c.woken && c.active && !c.claims_held && c.pipeline - c.held >= half_pipeline(c)) {
+    if (c.woken && claim_can_come(c)) {
         int64_t claim_at = wake_claim_at(c);
         if (claim_at > due && claim_at <= c.oldest_result + least(c.claim_spacing_us, kMaxFinalizeHoldUs))
             due = claim_at;
@@ -62,7 +71,7 @@ bool has_claim_room(const WorkerCycle &c) noexcept {
 }
 
 int claim_now(const WorkerCycle &c) noexcept {
-    if (!c.active || backing_off(c) || c.claims_held || !has_claim_room(c)) return 0;
+    if (!claim_can_come(c) || backing_off(c)) return 0;
     bool reason = (c.woken && c.now >= wake_claim_at(c)) || c.last_claim_full || c.now >= c.next_poll ||
                   (c.next_quota != 0 && c.now >= c.next_quota) || (c.places_released && c.claim_quota_full);
     return reason ? c.pipeline - c.held : 0;
@@ -88,11 +97,11 @@ bool purge_now(const WorkerCycle &c) noexcept {
 }
 
 int64_t next_wakeup(const WorkerCycle &c) noexcept {
-    bool can_claim = c.active && !c.claims_held && has_claim_room(c);
+    bool can_claim = claim_can_come(c);
     int64_t until = c.endpoints_changed ? c.now : c.next_refresh;
 
     if (can_claim) until = least(until, c.last_claim_full ? c.now : c.next_poll);
-    if (can_claim && c.woken) until = least(until, c.now > wake_claim_at(c) ? c.now : wake_claim_at(c));
+    if (can_claim && c.woken) until = least(until, greatest(c.now, wake_claim_at(c)));
     if (can_claim && c.next_quota != 0) until = least(until, c.next_quota);
     if (c.results > 0) until = least(until, finalize_due(c));
     if (c.purges) until = least(until, c.next_purge);

@@ -26,9 +26,8 @@
  *    result has waited flush_after_us (a claim within that time finalizes
  *    them in its own transaction; a wake's claim held back by the spacing
  *    is waited for if it comes within claim_spacing_us of the oldest, at
- *    most 20 ms), or
- *    when nothing is in flight and no claim can come to share the
- *    transaction.
+ *    most 20 ms), or when nothing is in flight and no claim can come to
+ *    share the transaction.
  *  - Reload the endpoints when a committed change says so (schema 0.3.0
  *    announces them), when the reload period is over, or on a wake while
  *    the extension is missing; the period is poll_interval where changes
