@@ -33,6 +33,9 @@
  *      breaker open or is at its limits gets no quota and is not scanned.
  *      The workers compute the quotas (breaker, cluster-wide max_in_flight,
  *      rate limit; endpoint_state.cpp) and rotate the order for fairness.
+ *      Without a lease check and with one endpoint alone having a quota
+ *      (the common case), a lean statement with the same meaning claims
+ *      its ready rows (SQL_CLAIM_ONE).
  *      Claimed rows get status processing, the owner, lease_until =
  *      now() + lease, lease_version + 1 and attempts + 1.
  *
@@ -217,6 +220,37 @@ static const char *const SQL_CLAIM[2][2] = {
     SQL_CLAIM_VARIANTS(ORDERED_AFTER_OLDER_TRANSACTIONS, "p.endpoint = m.endpoint AND p.ordered AND ",
                        MAX_ATTEMPTS_030("m", "$4"))
 };
+
+/*
+ * The common case of a claim without a lease check: one endpoint has a
+ * quota (one endpoint configured, or the others have no room).  The quota
+ * CTE, the lateral join and the expired-lease arm then only add plan nodes
+ * (ExecutorStart alone was a third of an idle claim), so this statement
+ * claims that endpoint's ready rows directly: $5 the endpoint, $6 its quota
+ * (> 0).  It selects the same rows as SQL_CLAIM's ready arm would for
+ * that endpoint: pending, available, head of its sequence, the endpoint
+ * enabled, at most least(batch, quota), oldest available_at first, locked
+ * with SKIP LOCKED, and updates them with the same SQL_CLAIM_UPDATE.
+ * callgrind, 230 idle single-message claims: 443k -> 344k instructions per
+ * claim.  [commit order] as in SQL_CLAIM.
+ */
+#define SQL_CLAIM_ONE_TEXT(commit_order, same_sequence) \
+    "WITH picked AS (" \
+    "  SELECT m.id FROM outbox.messages AS m" \
+    "   WHERE m.endpoint = $5 AND m.status = 'pending' AND m.available_at <= now()" \
+    "     AND (NOT m.ordered OR (NOT EXISTS (" \
+    "           SELECT 1 FROM outbox.messages AS p" \
+    "            WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
+    "              AND " same_sequence "p.id < m.id AND p.status <> 'done')" commit_order "))" \
+    "     AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = $5 AND e.enabled)" \
+    "   ORDER BY m.available_at, m.id LIMIT least($2, $6)" \
+    "     FOR UPDATE OF m SKIP LOCKED) " \
+    SQL_CLAIM_UPDATE
+static const char *const SQL_CLAIM_ONE[2] = {
+    SQL_CLAIM_ONE_TEXT("", ""),
+    SQL_CLAIM_ONE_TEXT(ORDERED_AFTER_OLDER_TRANSACTIONS, "p.endpoint = m.endpoint AND p.ordered AND ")
+};
+static SPIPlanPtr plan_claim_one[2] = { nullptr, nullptr };
 
 #define SQL_FINALIZE_TEXT(dead_at) \
     "UPDATE outbox.messages AS m" \
@@ -478,6 +512,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
     static const Oid claim_types[7] = {
         TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID
     };
+    static const Oid one_types[6] = { TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTOID, INT4OID };
     const bool     check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
     const int      which = check ? 0 : 1;
     const int      order = (flags & OD_CLAIM_COMMIT_ORDER) != 0 ? 1 : 0;
@@ -488,6 +523,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
     SPITupleTable *claimed;
     uint64         nclaimed;
     TimestampTz    earliest = -1;
+    int            one = -1; /* the only endpoint with a quota, -2 several */
 
     if (check)
     {
@@ -499,7 +535,14 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
             elog(ERROR, "outbox_dispatcher: reap failed: %s", SPI_result_code_string(rc));
         reaped = SPI_processed;
     }
-    od_prepare_hot(&plan_claim[order][which], SQL_CLAIM[order][which], 7, claim_types);
+    /* without a lease check, one endpoint with a quota: the lean statement (SQL_CLAIM_ONE) */
+    for (int k = 0; !check && k < n_endpoints && one != -2; k++)
+        if (quotas[k] > 0)
+            one = one == -1 ? k : -2;
+    if (one >= 0)
+        od_prepare_hot(&plan_claim_one[order], SQL_CLAIM_ONE[order], 6, one_types);
+    else
+        od_prepare_hot(&plan_claim[order][which], SQL_CLAIM[order][which], 7, claim_types);
 
     args[0] = CStringGetTextDatum(owner);
     args[1] = Int32GetDatum(batch);
@@ -510,6 +553,11 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
         /* every enabled endpoint, up to batch each (the SQL function) */
         nulls[4] = nulls[5] = nulls[6] = 'n';
         args[4] = args[5] = args[6] = (Datum) 0;
+    }
+    else if (one >= 0)
+    {
+        args[4] = CStringGetTextDatum(endpoints[one]);
+        args[5] = Int32GetDatum(quotas[one]);
     }
     else
     {
@@ -527,7 +575,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
         args[5] = PointerGetDatum(od_build_array(ns, nullptr, n_endpoints, INT4OID));
         args[6] = PointerGetDatum(od_build_array(tk, nullptr, n_endpoints, BOOLOID));
     }
-    rc = SPI_execute_plan(plan_claim[order][which], args, nulls, false, 0);
+    rc = SPI_execute_plan(one >= 0 ? plan_claim_one[order] : plan_claim[order][which], args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)
         elog(ERROR, "outbox_dispatcher: claim failed: %s", SPI_result_code_string(rc));
     claimed = SPI_tuptable;
