@@ -308,6 +308,27 @@ def calibration_seconds():
     return time.process_time() - t0
 
 
+def flush_ms():
+    """Median time of one 8 kB write + fdatasync in the clusters' directory, of 100: how fast this
+    machine's disk flushes right now.  The speed row above counts CPU only; a commit waits for
+    this (the producers' and the idle scenario's), and it drifts on its own."""
+    path = os.path.join(WORK, "flush_probe")
+    block = b"\0" * 8192
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(100):
+            t0 = time.perf_counter()
+            os.pwrite(fd, block, 0)
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    times.sort()
+    return 1000.0 * times[len(times) // 2]
+
+
 def table_counters(c):
     r = c.sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'outbox.messages'::regclass")
     upd, hot = (int(x) for x in r.split("|"))
@@ -787,6 +808,7 @@ def main():
         for run in range(RUNS):
             log("run %d of %d" % (run + 1, RUNS))
             add("calibration_s", calibration_seconds())
+            add("flush_ms", flush_ms())
             if "fresh" in SCENARIOS:
                 r = scenario_drain(N_FRESH, "fresh")
                 add("fresh_msg_s", r["msg_s"])
@@ -850,6 +872,7 @@ def main():
         if RETAINED_TEMPLATE:
             shutil.rmtree(RETAINED_TEMPLATE, ignore_errors=True)
     add("calibration_s", calibration_seconds())
+    add("flush_ms", flush_ms())
     for k, v in runs.items():
         results[k] = summary(v)
     meta = {"cores": os.cpu_count(), "postgresql": version, "runs": RUNS, "n": N_FRESH, "n_backlog": N_BACKLOG,
@@ -870,6 +893,8 @@ ROWS = [
     # key, label, unit, format
     ("calibration_s", "machine speed: CPU time of a fixed loop, before each run and at the end (lower is faster;"
      " compare figures only between runs where it agrees)", "s", "%.3f"),
+    ("flush_ms", "machine disk: one 8 kB write + fdatasync where the clusters live, median of 100, before each"
+     " run and at the end (a commit waits for one; the speed row does not see it)", "ms", "%.2f"),
     ("fresh_msg_s", "drain %(n)s, fresh table (plans prepared on an empty table)", "msg/s", "%.0f"),
     ("backlog_msg_s", "drain %(n_backlog)s backlog", "msg/s", "%.0f"),
     ("retained_msg_s", "drain %(n)s with %(n_retained)s done rows retained, analyzed with nothing open", "msg/s", "%.0f"),
