@@ -20,6 +20,14 @@
 # KEEP=1 keeps the callgrind file for callgrind_annotate.  Kernel time (system
 # calls, the TCP stack) is not counted.
 #
+# RATE=r delivers the N messages as they come instead of as a backlog: the
+# worker running, one pgbench client commits N/10 transactions of 10
+# messages, r per second — the shape of the sustained-load scenario (a few
+# messages per claim, a claim, finalize and attempt-log statement per
+# cycle), at the pace of a worker slowed down ~50 times by callgrind (5 tx/s
+# leaves it mostly idle between them).  The WAL figure then includes the
+# producer's inserts and is not printed.
+#
 # Usage (root: installs valgrind and nginx if missing, builds and installs
 # the extension, runs the cluster as postgres):
 #     test/bench/worker_instructions.sh
@@ -95,11 +103,27 @@ CONF
     enable off
     sleep 2
     $P -c CHECKPOINT
-    insert "$n" 1000
     local worker l0 l1 wal
-    worker=$($P -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'")
-    l0=$($P -c 'SELECT pg_current_wal_insert_lsn()')
-    enable on
+    if [ -n "${RATE:-}" ]; then
+        enable on
+        sleep 2
+        worker=$($P -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'")
+        l0=$($P -c 'SELECT pg_current_wal_insert_lsn()')
+        cat > "$WORK/trickle.sql" <<'SQL'
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)
+SELECT 'order', md5(random()::text), 'OrderCreated',
+       jsonb_build_object('order_id', g, 'amount', g % 1000, 'note', repeat('x', 200)), 'nginx'
+  FROM generate_series(1, 10) AS g;
+SQL
+        chmod 644 "$WORK/trickle.sql"
+        su postgres -c "$PGBIN/pgbench -h $WORK/sock -p $PORT -U postgres -n -c 1 -R $RATE -t $((n / 10)) \
+            -f $WORK/trickle.sql postgres" >/dev/null
+    else
+        insert "$n" 1000
+        worker=$($P -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'")
+        l0=$($P -c 'SELECT pg_current_wal_insert_lsn()')
+        enable on
+    fi
     drained
     l1=$($P -c 'SELECT pg_current_wal_insert_lsn()')
     wal=$($P -c "SELECT round(pg_wal_lsn_diff('$l1', '$l0') / $n)")
@@ -111,9 +135,13 @@ CONF
 }
 
 read -r i1 w1 < <(run "$N")
-echo "N=$N: worker instructions $i1 ($((i1 / N)) per message, start-up and warm-up included), WAL $w1 B per message${TOGGLE:+ (counted inside $TOGGLE only)}"
+wal_text=", WAL $w1 B per message"
+[ -z "${RATE:-}" ] || wal_text=""
+echo "N=$N${RATE:+ (as they come: $RATE tx/s of 10)}: worker instructions $i1 ($((i1 / N)) per message, start-up and warm-up included)$wal_text${TOGGLE:+ (counted inside $TOGGLE only)}"
 if [ -n "${N2:-}" ]; then
     read -r i2 w2 < <(run "$N2")
-    echo "N=$N2: worker instructions $i2, WAL $w2 B per message"
+    wal_text=", WAL $w2 B per message"
+    [ -z "${RATE:-}" ] || wal_text=" (as they come)"
+    echo "N=$N2: worker instructions $i2$wal_text"
     echo "marginal: $(( (i2 - i1) / (N2 - N) )) instructions per message"
 fi
