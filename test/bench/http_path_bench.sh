@@ -6,9 +6,13 @@
 # `return 200` over keep-alive on loopback, and runs RUNS (3) times
 # N (20,000) signed deliveries of ~250 bytes, BATCH (100) at a time,
 # printing requests/s and CPU microseconds per request of the sending
-# process.  CALLGRIND=1 adds one run under valgrind --tool=callgrind
-# (N_CALLGRIND, 5,000 deliveries): instructions per request, which other
-# work on the machine does not move, and the top functions.
+# process; each run once through libcurl (the engine the workers use) and
+# once as MODE framing (the same requests written and read by
+# src/core/http1.cpp over plain sockets, without libcurl: the floor of a
+# transport of our own).  CALLGRIND=1 adds one run of each under valgrind
+# --tool=callgrind (N_CALLGRIND, 5,000 deliveries): instructions per
+# request, which other work on the machine does not move, and the top
+# functions.
 #
 # Usage: test/bench/http_path_bench.sh   (installs nginx and valgrind if missing, as root)
 set -euo pipefail
@@ -39,12 +43,16 @@ start_nginx "$WORK" "$PORT"
 
 echo "http_path: $N signed deliveries, batch $BATCH, $(nproc) cores, $(curl-config --version 2>/dev/null || echo libcurl)"
 for i in $(seq "$RUNS"); do
-    "$WORK/http_path" "http://127.0.0.1:$PORT/hook" "$N" "$BATCH"
+    for mode in curl framing; do
+        "$WORK/http_path" "http://127.0.0.1:$PORT/hook" "$N" "$BATCH" "$mode"
+    done
 done
 if [ "${CALLGRIND:-0}" = 1 ]; then
-    valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" "$WORK/http_path" \
-        "http://127.0.0.1:$PORT/hook" "$N_CALLGRIND" "$BATCH" 2>"$WORK/cg.log" | sed 's/^/callgrind run: /'
-    total=$(sed -n 's/^==[0-9]*== Collected : //p' "$WORK/cg.log")
-    echo "instructions per request: $(( total / N_CALLGRIND )) (callgrind, $N_CALLGRIND requests, setup included)"
-    callgrind_annotate --inclusive=no "$WORK/cg.out" 2>/dev/null | sed -n '/^Ir/,$p' | sed -n '3,22p' | cut -c1-140
+    for mode in curl framing; do
+        valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.$mode.out" "$WORK/http_path" \
+            "http://127.0.0.1:$PORT/hook" "$N_CALLGRIND" "$BATCH" "$mode" 2>"$WORK/cg.$mode.log" | sed 's/^/callgrind run: /'
+        total=$(sed -n 's/^==[0-9]*== Collected : //p' "$WORK/cg.$mode.log")
+        echo "$mode: instructions per request: $(( total / N_CALLGRIND )) (callgrind, $N_CALLGRIND requests, setup included)"
+        callgrind_annotate --inclusive=no "$WORK/cg.$mode.out" 2>/dev/null | sed -n '/^Ir/,$p' | sed -n '3,22p' | cut -c1-140
+    done
 fi

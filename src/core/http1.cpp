@@ -1,0 +1,502 @@
+/*
+ * core/http1.cpp — HTTP/1.1 request writing and response parsing; see
+ * http1.hpp.
+ */
+#include "core/http1.hpp"
+
+#include <cstring>
+#include <new>
+
+namespace od {
+namespace http1 {
+
+namespace {
+
+inline char lower(char c) {
+    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
+
+/* name (len bytes) equals lc (lower case, NUL-terminated), ignoring case */
+bool name_is(const char *name, std::size_t len, const char *lc) {
+    std::size_t n = std::strlen(lc);
+    if (len != n) return false;
+    for (std::size_t i = 0; i < n; i++)
+        if (lower(name[i]) != lc[i]) return false;
+    return true;
+}
+
+inline bool is_ows(char c) {
+    return c == ' ' || c == '\t';
+}
+
+void trim(const char *&v, std::size_t &len) {
+    while (len > 0 && is_ows(*v)) {
+        v++;
+        len--;
+    }
+    while (len > 0 && is_ows(v[len - 1])) len--;
+}
+
+bool has_line_break(const char *s, std::size_t len) {
+    return std::memchr(s, '\r', len) != nullptr || std::memchr(s, '\n', len) != nullptr;
+}
+
+/*
+ * Calls f(token, len) for each comma-separated element of a header value,
+ * white space trimmed, empty elements skipped; stops at the first false.
+ */
+template <typename F>
+bool each_token(const char *v, std::size_t len, F f) {
+    std::size_t i = 0;
+    while (i <= len) {
+        std::size_t j = i;
+        while (j < len && v[j] != ',') j++;
+        const char *t = v + i;
+        std::size_t tl = j - i;
+        trim(t, tl);
+        if (tl > 0 && !f(t, tl)) return false;
+        i = j + 1;
+    }
+    return true;
+}
+
+} // namespace
+
+const char *write_post(std::string &out, const std::string &target, const std::string &host_header,
+                       const std::string &user_agent, const std::vector<std::string> &header_lines, const char *body,
+                       std::size_t body_len) noexcept {
+    bool has_host = false, has_agent = false, has_accept = false, has_type = false;
+    std::size_t header_bytes = 0;
+
+    if (has_line_break(target.data(), target.size()) || has_line_break(host_header.data(), host_header.size()) ||
+        has_line_break(user_agent.data(), user_agent.size()))
+        return "the request target, host or user agent contains a line break";
+    for (const std::string &line : header_lines) {
+        std::size_t colon = line.find(':');
+        if (has_line_break(line.data(), line.size())) return "a header line contains a line break";
+        if (colon == std::string::npos || colon == 0) continue;
+        const char *name = line.data();
+        has_host |= name_is(name, colon, "host");
+        has_agent |= name_is(name, colon, "user-agent");
+        has_accept |= name_is(name, colon, "accept");
+        has_type |= name_is(name, colon, "content-type");
+        header_bytes += line.size() + 2;
+    }
+
+    const std::size_t before = out.size();
+    try {
+        out.reserve(before + 128 + target.size() + host_header.size() + user_agent.size() + header_bytes + body_len);
+        out += "POST ";
+        out += target;
+        out += " HTTP/1.1\r\n";
+        if (!has_host) {
+            out += "Host: ";
+            out += host_header;
+            out += "\r\n";
+        }
+        if (!has_agent && !user_agent.empty()) {
+            out += "User-Agent: ";
+            out += user_agent;
+            out += "\r\n";
+        }
+        if (!has_accept) out += "Accept: */*\r\n";
+        for (const std::string &line : header_lines) {
+            std::size_t colon = line.find(':');
+            if (colon == std::string::npos || colon == 0) continue;
+            if (name_is(line.data(), colon, "content-length") || name_is(line.data(), colon, "transfer-encoding"))
+                continue;
+            const char *v = line.data() + colon + 1;
+            std::size_t vlen = line.size() - colon - 1;
+            trim(v, vlen);
+            if (vlen == 0) continue; /* blank: removes the built-in of that name, sends nothing */
+            out += line;
+            out += "\r\n";
+        }
+        if (!has_type) out += "Content-Type: application/x-www-form-urlencoded\r\n";
+        out += "Content-Length: ";
+        out += std::to_string(body_len);
+        out += "\r\n\r\n";
+        out.append(body, body_len);
+    } catch (...) {
+        out.resize(before);
+        return "out of memory";
+    }
+    return nullptr;
+}
+
+/* ---------------------------------------------------------------- ResponseParser */
+
+void ResponseParser::reset(BodySink sink, void *ctx) noexcept {
+    sink_ = sink;
+    ctx_ = ctx;
+    state_ = State::kHead;
+    result_ = Result::kNeedMore;
+    partial_.clear();
+    field_.clear();
+    head_bytes_ = 0;
+    trailer_bytes_ = 0;
+    status_ = 0;
+    block_status_ = 0;
+    minor_ = 1;
+    have_length_ = false;
+    length_ = 0;
+    chunked_ = false;
+    te_other_ = false;
+    conn_close_ = false;
+    conn_keep_alive_ = false;
+    keep_alive_ = false;
+    extra_bytes_ = false;
+    sink_stopped_ = false;
+    remaining_ = 0;
+    received_ = 0;
+    body_bytes_ = 0;
+    retry_after_.clear();
+    error_ = "";
+}
+
+ResponseParser::Result ResponseParser::fail(const char *why) noexcept {
+    result_ = Result::kError;
+    error_ = why;
+    return result_;
+}
+
+/*
+ * The next line: complete (its terminator consumed, CR LF or a bare LF
+ * stripped) or, at the end of the data, buffered in partial_ for the next
+ * feed.  A line longer than limit is an error (false).
+ */
+bool ResponseParser::take_line(const char *&p, const char *end, std::size_t limit, const char *&line, std::size_t &len,
+                               bool &complete) noexcept {
+    const char *nl = static_cast<const char *>(std::memchr(p, '\n', static_cast<std::size_t>(end - p)));
+    try {
+        if (nl == nullptr) {
+            if (partial_.size() + static_cast<std::size_t>(end - p) > limit) return false;
+            partial_.append(p, static_cast<std::size_t>(end - p));
+            p = end;
+            complete = false;
+            return true;
+        }
+        std::size_t n = static_cast<std::size_t>(nl - p);
+        if (partial_.size() + n + 1 > limit) return false;
+        if (partial_.empty()) {
+            line = p;
+            len = n;
+        } else {
+            partial_.append(p, n);
+            line_.swap(partial_);
+            partial_.clear();
+            line = line_.data();
+            len = line_.size();
+        }
+    } catch (...) {
+        error_ = "out of memory";
+        return false;
+    }
+    p = nl + 1;
+    if (len > 0 && line[len - 1] == '\r') len--;
+    complete = true;
+    return true;
+}
+
+bool ResponseParser::status_line(const char *line, std::size_t len) noexcept {
+    /* HTTP/1.<digit> SP <3 digits> [SP reason] */
+    if (len < 12 || std::memcmp(line, "HTTP/1.", 7) != 0 || line[7] < '0' || line[7] > '9' || line[8] != ' ') {
+        fail("the response does not begin with an HTTP/1.x status line");
+        return false;
+    }
+    int code = 0;
+    for (int i = 9; i < 12; i++) {
+        if (line[i] < '0' || line[i] > '9') {
+            fail("the response's status line has no three-digit status code");
+            return false;
+        }
+        code = code * 10 + (line[i] - '0');
+    }
+    if ((len > 12 && line[12] != ' ') || code < 100 || code > 599) {
+        fail("the response's status line has no three-digit status code");
+        return false;
+    }
+    block_status_ = code;
+    minor_ = line[7] - '0';
+    /* what a block says is about that block: an interim response's headers do not carry over */
+    have_length_ = false;
+    length_ = 0;
+    chunked_ = false;
+    te_other_ = false;
+    conn_close_ = false;
+    conn_keep_alive_ = false;
+    retry_after_.clear();
+    return true;
+}
+
+bool ResponseParser::header_field(const char *name, std::size_t nlen, const char *v, std::size_t vlen) noexcept {
+    trim(v, vlen);
+    if (name_is(name, nlen, "content-length")) {
+        bool ok = each_token(v, vlen, [this](const char *t, std::size_t tl) {
+            std::uint64_t n = 0;
+            for (std::size_t i = 0; i < tl; i++) {
+                if (t[i] < '0' || t[i] > '9' || n > (UINT64_MAX - 9) / 10) return false;
+                n = n * 10 + static_cast<std::uint64_t>(t[i] - '0');
+            }
+            if (have_length_ && n != length_) return false;
+            have_length_ = true;
+            length_ = n;
+            return true;
+        });
+        if (!ok || vlen == 0) {
+            fail("the response's Content-Length is malformed or conflicting");
+            return false;
+        }
+    } else if (name_is(name, nlen, "transfer-encoding")) {
+        each_token(v, vlen, [this](const char *t, std::size_t tl) {
+            chunked_ = name_is(t, tl, "chunked");
+            te_other_ = !chunked_;
+            return true;
+        });
+    } else if (name_is(name, nlen, "connection")) {
+        each_token(v, vlen, [this](const char *t, std::size_t tl) {
+            if (name_is(t, tl, "close")) conn_close_ = true;
+            if (name_is(t, tl, "keep-alive")) conn_keep_alive_ = true;
+            return true;
+        });
+    } else if (name_is(name, nlen, "retry-after")) {
+        try {
+            retry_after_.assign(v, vlen);
+        } catch (...) {
+            fail("out of memory");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A complete header line (obsolete folding already joined), without its terminator. */
+bool ResponseParser::header_line(const char *line, std::size_t len) noexcept {
+    const char *colon = static_cast<const char *>(std::memchr(line, ':', len));
+    if (colon == nullptr || colon == line) {
+        fail("the response has a header line without a name and colon");
+        return false;
+    }
+    if (is_ows(colon[-1])) {
+        fail("the response has white space between a header name and its colon");
+        return false;
+    }
+    std::size_t nlen = static_cast<std::size_t>(colon - line);
+    return header_field(line, nlen, colon + 1, len - nlen - 1);
+}
+
+/* The empty line after the final response's headers: how its body is delimited. */
+bool ResponseParser::end_of_head() noexcept {
+    status_ = block_status_;
+    keep_alive_ = minor_ >= 1 ? !conn_close_ : (conn_keep_alive_ && !conn_close_);
+    if (status_ == 204 || status_ == 304) {
+        state_ = State::kEnd;
+    } else if (chunked_ || te_other_) {
+        /* Transfer-Encoding overrides Content-Length; both at once is suspect: no reuse */
+        if (have_length_) keep_alive_ = false;
+        if (chunked_) {
+            state_ = State::kChunkSize;
+        } else {
+            state_ = State::kClose;
+            keep_alive_ = false;
+        }
+    } else if (have_length_) {
+        remaining_ = length_;
+        state_ = length_ == 0 ? State::kEnd : State::kLength;
+    } else {
+        state_ = State::kClose;
+        keep_alive_ = false;
+    }
+    if (state_ == State::kEnd) result_ = Result::kDone;
+    return true;
+}
+
+/* One line of the header section (status line, header line, folded line or the empty line). */
+bool ResponseParser::head_line(const char *line, std::size_t len) noexcept {
+    if (block_status_ == 0) {
+        if (len == 0) return true; /* empty lines before a status line are skipped */
+        return status_line(line, len);
+    }
+    if (len > 0 && is_ows(line[0])) {
+        /* obsolete line folding: the value goes on */
+        if (field_.empty()) {
+            fail("the response's first header line is a continuation line");
+            return false;
+        }
+        const char *v = line;
+        std::size_t vlen = len;
+        trim(v, vlen);
+        try {
+            field_ += ' ';
+            field_.append(v, vlen);
+        } catch (...) {
+            fail("out of memory");
+            return false;
+        }
+        return true;
+    }
+    if (!field_.empty()) {
+        bool ok = header_line(field_.data(), field_.size());
+        field_.clear();
+        if (!ok) return false;
+    }
+    if (len > 0) {
+        try {
+            field_.assign(line, len);
+        } catch (...) {
+            fail("out of memory");
+            return false;
+        }
+        return true;
+    }
+    /* the empty line: the end of a block */
+    if (block_status_ < 200) {
+        if (block_status_ == 101) {
+            fail("the server switched protocols (101), which no request asks for");
+            return false;
+        }
+        block_status_ = 0; /* an interim response: the final one follows */
+        return true;
+    }
+    return end_of_head();
+}
+
+bool ResponseParser::chunk_size_line(const char *line, std::size_t len) noexcept {
+    std::size_t i = 0;
+    std::uint64_t n = 0;
+    while (i < len) {
+        char c = lower(line[i]);
+        int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+        if (d < 0) break;
+        if (n >> 56) {
+            fail("the response has a chunk size too large to be real");
+            return false;
+        }
+        n = n * 16 + static_cast<std::uint64_t>(d);
+        i++;
+    }
+    while (i < len && is_ows(line[i])) i++;
+    if (i == 0 || (i < len && line[i] != ';')) {
+        fail("the response has a malformed chunk size");
+        return false;
+    }
+    if (n == 0) {
+        state_ = State::kTrailers;
+    } else {
+        remaining_ = n;
+        state_ = State::kChunkData;
+    }
+    return true;
+}
+
+bool ResponseParser::body(const char *data, std::size_t len) noexcept {
+    if (len == 0) return true;
+    body_bytes_ += len;
+    if (sink_ != nullptr && !sink_(ctx_, data, len)) {
+        sink_stopped_ = true;
+        fail("the response body was refused by its reader");
+        return false;
+    }
+    return true;
+}
+
+ResponseParser::Result ResponseParser::feed(const char *data, std::size_t len, std::size_t *consumed) noexcept {
+    const char *p = data;
+    const char *end = data + len;
+
+    if (result_ != Result::kNeedMore) {
+        if (consumed) *consumed = 0;
+        return result_;
+    }
+    received_ += len;
+    while (p < end && result_ == Result::kNeedMore) {
+        switch (state_) {
+            case State::kHead:
+            case State::kTrailers:
+            case State::kChunkSize:
+            case State::kChunkDataEnd: {
+                const char *line = nullptr;
+                std::size_t n = 0;
+                bool complete = false;
+                const char *start = p;
+                /* the section's bytes before the line being read (a partial line counts once, in take_line) */
+                std::size_t used = (state_ == State::kHead ? head_bytes_ : trailer_bytes_) - partial_.size();
+                std::size_t limit = state_ == State::kChunkSize      ? kMaxChunkLine
+                                    : state_ == State::kChunkDataEnd ? 2
+                                                                     : kMaxHeaderSection - used;
+                if (!take_line(p, end, limit, line, n, complete)) {
+                    if (result_ != Result::kError)
+                        fail(*error_                          ? error_
+                             : state_ == State::kChunkDataEnd ? "the response has a chunk longer than its size"
+                             : state_ == State::kChunkSize    ? "the response has a chunk size line too long"
+                                                              : "the response's header section is too large");
+                    break;
+                }
+                if (state_ == State::kHead) head_bytes_ += static_cast<std::size_t>(p - start);
+                if (state_ == State::kTrailers) trailer_bytes_ += static_cast<std::size_t>(p - start);
+                if (!complete) break;
+                if (state_ == State::kHead) {
+                    head_line(line, n);
+                } else if (state_ == State::kTrailers) {
+                    if (n == 0) { /* trailer fields are read and ignored */
+                        state_ = State::kEnd;
+                        result_ = Result::kDone;
+                    }
+                } else if (state_ == State::kChunkSize) {
+                    chunk_size_line(line, n);
+                } else if (n != 0) {
+                    fail("the response has a chunk longer than its size");
+                } else {
+                    state_ = State::kChunkSize;
+                }
+                break;
+            }
+            case State::kLength:
+            case State::kChunkData: {
+                std::uint64_t avail = static_cast<std::uint64_t>(end - p);
+                std::size_t n = static_cast<std::size_t>(avail < remaining_ ? avail : remaining_);
+                if (!body(p, n)) break;
+                p += n;
+                remaining_ -= n;
+                if (remaining_ == 0) {
+                    if (state_ == State::kLength) {
+                        state_ = State::kEnd;
+                        result_ = Result::kDone;
+                    } else {
+                        state_ = State::kChunkDataEnd;
+                    }
+                }
+                break;
+            }
+            case State::kClose:
+                if (body(p, static_cast<std::size_t>(end - p))) p = end;
+                break;
+            case State::kEnd:
+                result_ = Result::kDone;
+                break;
+        }
+    }
+    if (result_ == Result::kDone && p < end) extra_bytes_ = true;
+    if (consumed) *consumed = static_cast<std::size_t>(p - data);
+    return result_;
+}
+
+ResponseParser::Result ResponseParser::finish() noexcept {
+    if (result_ != Result::kNeedMore) return result_;
+    switch (state_) {
+        case State::kClose:
+            state_ = State::kEnd;
+            result_ = Result::kDone;
+            return result_;
+        case State::kHead:
+            return fail(received_ == 0 ? "the server closed the connection without answering"
+                                       : "the connection was closed inside the response's header section");
+        case State::kLength:
+            return fail("the connection was closed before the end of the response body");
+        default:
+            return fail("the connection was closed before the last chunk of the response body");
+    }
+}
+
+} // namespace http1
+} // namespace od
