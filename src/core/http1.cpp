@@ -5,25 +5,14 @@
 #include "core/http1.hpp"
 
 #include <cstring>
+
+#include "core/ascii.hpp"
 #include <new>
 
 namespace od {
 namespace http1 {
 
 namespace {
-
-inline char lower(char c) {
-    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
-
-/* name (len bytes) equals lc (lower case, NUL-terminated), ignoring case */
-bool name_is(const char *name, std::size_t len, const char *lc) {
-    std::size_t n = std::strlen(lc);
-    if (len != n) return false;
-    for (std::size_t i = 0; i < n; i++)
-        if (lower(name[i]) != lc[i]) return false;
-    return true;
-}
 
 inline bool is_ows(char c) {
     return c == ' ' || c == '\t';
@@ -76,10 +65,10 @@ const char *write_post(std::string &out, const std::string &target, const std::s
         if (has_line_break(line.data(), line.size())) return "a header line contains a line break";
         if (colon == std::string::npos || colon == 0) continue;
         const char *name = line.data();
-        has_host |= name_is(name, colon, "host");
-        has_agent |= name_is(name, colon, "user-agent");
-        has_accept |= name_is(name, colon, "accept");
-        has_type |= name_is(name, colon, "content-type");
+        has_host |= ascii_iequals(name, colon, "host");
+        has_agent |= ascii_iequals(name, colon, "user-agent");
+        has_accept |= ascii_iequals(name, colon, "accept");
+        has_type |= ascii_iequals(name, colon, "content-type");
         header_bytes += line.size() + 2;
     }
 
@@ -103,7 +92,8 @@ const char *write_post(std::string &out, const std::string &target, const std::s
         for (const std::string &line : header_lines) {
             std::size_t colon = line.find(':');
             if (colon == std::string::npos || colon == 0) continue;
-            if (name_is(line.data(), colon, "content-length") || name_is(line.data(), colon, "transfer-encoding"))
+            if (ascii_iequals(line.data(), colon, "content-length") ||
+                ascii_iequals(line.data(), colon, "transfer-encoding"))
                 continue;
             const char *v = line.data() + colon + 1;
             std::size_t vlen = line.size() - colon - 1;
@@ -231,7 +221,7 @@ bool ResponseParser::status_line(const char *line, std::size_t len) noexcept {
 
 bool ResponseParser::header_field(const char *name, std::size_t nlen, const char *v, std::size_t vlen) noexcept {
     trim(v, vlen);
-    if (name_is(name, nlen, "content-length")) {
+    if (ascii_iequals(name, nlen, "content-length")) {
         bool ok = each_token(v, vlen, [this](const char *t, std::size_t tl) {
             std::uint64_t n = 0;
             for (std::size_t i = 0; i < tl; i++) {
@@ -247,19 +237,19 @@ bool ResponseParser::header_field(const char *name, std::size_t nlen, const char
             fail("the response's Content-Length is malformed or conflicting");
             return false;
         }
-    } else if (name_is(name, nlen, "transfer-encoding")) {
+    } else if (ascii_iequals(name, nlen, "transfer-encoding")) {
         each_token(v, vlen, [this](const char *t, std::size_t tl) {
-            chunked_ = name_is(t, tl, "chunked");
+            chunked_ = ascii_iequals(t, tl, "chunked");
             te_other_ = !chunked_;
             return true;
         });
-    } else if (name_is(name, nlen, "connection")) {
+    } else if (ascii_iequals(name, nlen, "connection")) {
         each_token(v, vlen, [this](const char *t, std::size_t tl) {
-            if (name_is(t, tl, "close")) conn_close_ = true;
-            if (name_is(t, tl, "keep-alive")) conn_keep_alive_ = true;
+            if (ascii_iequals(t, tl, "close")) conn_close_ = true;
+            if (ascii_iequals(t, tl, "keep-alive")) conn_keep_alive_ = true;
             return true;
         });
-    } else if (name_is(name, nlen, "retry-after")) {
+    } else if (ascii_iequals(name, nlen, "retry-after")) {
         try {
             retry_after_.assign(v, vlen);
         } catch (...) {
@@ -365,7 +355,7 @@ bool ResponseParser::chunk_size_line(const char *line, std::size_t len) noexcept
     std::size_t i = 0;
     std::uint64_t n = 0;
     while (i < len) {
-        char c = lower(line[i]);
+        char c = ascii_lower(line[i]);
         int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
         if (d < 0) break;
         if (n >> 56) {

@@ -31,6 +31,8 @@
  */
 #include "core/http_engine.hpp"
 
+#include "core/ascii.hpp"
+
 #include <curl/curl.h>
 
 #include <poll.h>
@@ -139,9 +141,7 @@ extern "C" size_t od_curl_header_cb(char *ptr, size_t size, size_t nitems, void 
     if (n > kLen) {
         bool match = true;
         for (size_t i = 0; i < kLen && match; i++) {
-            char c = ptr[i];
-            if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-            match = (c == kName[i]);
+            match = (ascii_lower(ptr[i]) == kName[i]);
         }
         if (match) {
             const char *v = ptr + kLen;

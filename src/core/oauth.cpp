@@ -8,6 +8,8 @@
  */
 #include "core/oauth.hpp"
 
+#include "core/ascii.hpp"
+
 #include <cstdio>
 #include <cstring>
 
@@ -192,17 +194,6 @@ bool visible_ascii(const std::string &s) noexcept {
     return true;
 }
 
-bool iequals(const std::string &a, const char *b) noexcept {
-    std::size_t n = std::strlen(b);
-    if (a.size() != n) return false;
-    for (std::size_t i = 0; i < n; i++) {
-        char x = a[i];
-        if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-        if (x != b[i]) return false;
-    }
-    return true;
-}
-
 void fail(TokenAnswer &out, const char *why) noexcept {
     out.ok = false;
     out.access_token.clear();
@@ -301,7 +292,7 @@ void read_token_answer(int transport_error, const char *transport_message, long 
             fail(out, "access token contains characters that cannot be sent in an HTTP header");
             return;
         }
-        if (!token_type.empty() && !iequals(token_type, "bearer")) {
+        if (!token_type.empty() && !ascii_iequals(token_type.data(), token_type.size(), "bearer")) {
             fail(out, "token type is not Bearer");
             return;
         }

@@ -47,6 +47,8 @@
  */
 #include "core/outcome.hpp"
 
+#include "core/ascii.hpp"
+
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -305,13 +307,9 @@ inline bool is_digit(char c) noexcept {
     return c >= '0' && c <= '9';
 }
 
-inline char lower(char c) noexcept {
-    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
-
 bool iequal_n(const char *a, const char *lit, std::size_t n) noexcept {
     for (std::size_t i = 0; i < n; i++)
-        if (lower(a[i]) != lower(lit[i])) return false;
+        if (ascii_lower(a[i]) != ascii_lower(lit[i])) return false;
     return true;
 }
 

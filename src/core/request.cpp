@@ -9,6 +9,8 @@
  */
 #include "core/request.hpp"
 
+#include "core/ascii.hpp"
+
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
@@ -24,16 +26,12 @@ std::size_t name_length(const std::string &line) noexcept {
     return p == std::string::npos ? line.size() : p;
 }
 
-inline char lower(char c) noexcept {
-    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
-
 /* Do the two lines carry the same header name (case-insensitive)? */
 bool same_name(const std::string &a, const std::string &b) noexcept {
     std::size_t n = name_length(a);
     if (name_length(b) != n) return false;
     for (std::size_t i = 0; i < n; i++)
-        if (lower(a[i]) != lower(b[i])) return false;
+        if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
     return true;
 }
 
@@ -42,7 +40,7 @@ bool has_name(const std::string &line, const char *name) noexcept {
     std::size_t n = name_length(line);
     if (std::strlen(name) != n) return false;
     for (std::size_t i = 0; i < n; i++)
-        if (lower(line[i]) != name[i]) return false;
+        if (ascii_lower(line[i]) != name[i]) return false;
     return true;
 }
 

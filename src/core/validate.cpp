@@ -12,28 +12,10 @@
 #include <curl/curl.h>
 #include <string>
 
+#include "core/ascii.hpp"
+
 namespace od {
 namespace {
-
-inline char lower(char c) {
-    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
-
-bool iequals(const char *a, std::size_t alen, const char *lit) {
-    std::size_t n = std::strlen(lit);
-    if (alen != n) return false;
-    for (std::size_t i = 0; i < n; i++)
-        if (lower(a[i]) != lit[i]) return false;
-    return true;
-}
-
-bool istarts(const char *a, std::size_t alen, const char *lit) {
-    std::size_t n = std::strlen(lit);
-    if (alen < n) return false;
-    for (std::size_t i = 0; i < n; i++)
-        if (lower(a[i]) != lit[i]) return false;
-    return true;
-}
 
 bool is_tchar(unsigned char c) {
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
@@ -89,9 +71,9 @@ const char *check_url(const char *url, std::size_t len) {
         if (c >= 0x80) return "contains a non-ASCII byte (percent-encode it)";
     }
     std::size_t pos;
-    if (istarts(url, len, "http://"))
+    if (ascii_istarts(url, len, "http://"))
         pos = 7;
-    else if (istarts(url, len, "https://"))
+    else if (ascii_istarts(url, len, "https://"))
         pos = 8;
     else
         return "must start with http:// or https://";
@@ -150,7 +132,7 @@ const char *check_url(const char *url, std::size_t len) {
 }
 
 bool url_is_https(const char *url, std::size_t len) {
-    return istarts(url, len, "https://");
+    return ascii_istarts(url, len, "https://");
 }
 
 const char *check_header_name(const char *name, std::size_t len) {
@@ -169,8 +151,8 @@ bool header_name_is_reserved(const char *name, std::size_t len) {
                                         "content-type", "idempotency-key", "x-outbox-attempt",  "expect",
                                         "te",           "upgrade",         "keep-alive",        "trailer"};
     for (const char *e : exact)
-        if (iequals(name, len, e)) return true;
-    return istarts(name, len, "ce-") || istarts(name, len, "webhook-");
+        if (ascii_iequals(name, len, e)) return true;
+    return ascii_istarts(name, len, "ce-") || ascii_istarts(name, len, "webhook-");
 }
 
 bool is_blank(const char *s, std::size_t len) noexcept {
@@ -200,13 +182,7 @@ const char *check_proxy_url(const char *url, std::size_t len) noexcept {
     for (const char *s : schemes) {
         std::size_t n = std::strlen(s);
         if (len > n) {
-            bool same = true;
-            for (std::size_t i = 0; i < n && same; i++) {
-                char c = url[i];
-                if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-                same = c == s[i];
-            }
-            if (same) {
+            if (ascii_istarts(url, len, s)) {
                 /* parsed as libcurl will parse it: a URL it cannot use would be quoted whole in its error */
                 CURLU *u = curl_url();
                 if (u == nullptr) return "could not be checked (out of memory)";
