@@ -7,46 +7,14 @@
 #include <cstring>
 
 #include "core/ascii.hpp"
-#include <new>
 
 namespace od {
 namespace http1 {
 
 namespace {
 
-inline bool is_ows(char c) {
-    return c == ' ' || c == '\t';
-}
-
-void trim(const char *&v, std::size_t &len) {
-    while (len > 0 && is_ows(*v)) {
-        v++;
-        len--;
-    }
-    while (len > 0 && is_ows(v[len - 1])) len--;
-}
-
 bool has_line_break(const char *s, std::size_t len) {
     return std::memchr(s, '\r', len) != nullptr || std::memchr(s, '\n', len) != nullptr;
-}
-
-/*
- * Calls f(token, len) for each comma-separated element of a header value,
- * white space trimmed, empty elements skipped; stops at the first false.
- */
-template <typename F>
-bool each_token(const char *v, std::size_t len, F f) {
-    std::size_t i = 0;
-    while (i <= len) {
-        std::size_t j = i;
-        while (j < len && v[j] != ',') j++;
-        const char *t = v + i;
-        std::size_t tl = j - i;
-        trim(t, tl);
-        if (tl > 0 && !f(t, tl)) return false;
-        i = j + 1;
-    }
-    return true;
 }
 
 } // namespace
@@ -97,7 +65,7 @@ const char *write_post(std::string &out, const std::string &target, const std::s
                 continue;
             const char *v = line.data() + colon + 1;
             std::size_t vlen = line.size() - colon - 1;
-            trim(v, vlen);
+            ascii_trim_ows(v, vlen);
             if (vlen == 0) continue; /* blank: removes the built-in of that name, sends nothing */
             out += line;
             out += "\r\n";
@@ -128,20 +96,25 @@ void ResponseParser::reset(BodySink sink, void *ctx) noexcept {
     status_ = 0;
     block_status_ = 0;
     minor_ = 1;
-    have_length_ = false;
-    length_ = 0;
-    chunked_ = false;
-    te_other_ = false;
-    conn_close_ = false;
-    conn_keep_alive_ = false;
+    clear_block();
     keep_alive_ = false;
     extra_bytes_ = false;
     sink_stopped_ = false;
     remaining_ = 0;
     received_ = 0;
     body_bytes_ = 0;
-    retry_after_.clear();
     error_ = "";
+}
+
+/* What one header block says (a status line starts a new one: an interim response's headers do not carry over). */
+void ResponseParser::clear_block() noexcept {
+    have_length_ = false;
+    length_ = 0;
+    chunked_ = false;
+    te_other_ = false;
+    conn_close_ = false;
+    conn_keep_alive_ = false;
+    retry_after_.clear();
 }
 
 ResponseParser::Result ResponseParser::fail(const char *why) noexcept {
@@ -150,10 +123,23 @@ ResponseParser::Result ResponseParser::fail(const char *why) noexcept {
     return result_;
 }
 
+/* dst = (append ? dst : "") + the len bytes at s; false (kError) when memory runs out. */
+bool ResponseParser::store(std::string &dst, bool append, const char *s, std::size_t len) noexcept {
+    try {
+        if (!append) dst.clear();
+        dst.append(s, len);
+        return true;
+    } catch (...) {
+        fail("out of memory");
+        return false;
+    }
+}
+
 /*
  * The next line: complete (its terminator consumed, CR LF or a bare LF
  * stripped) or, at the end of the data, buffered in partial_ for the next
- * feed.  A line longer than limit is an error (false).
+ * feed.  False when the line is longer than limit (the caller says why)
+ * or memory runs out (kError here).
  */
 bool ResponseParser::take_line(const char *&p, const char *end, std::size_t limit, const char *&line, std::size_t &len,
                                bool &complete) noexcept {
@@ -179,7 +165,7 @@ bool ResponseParser::take_line(const char *&p, const char *end, std::size_t limi
             len = line_.size();
         }
     } catch (...) {
-        error_ = "out of memory";
+        fail("out of memory");
         return false;
     }
     p = nl + 1;
@@ -208,21 +194,14 @@ bool ResponseParser::status_line(const char *line, std::size_t len) noexcept {
     }
     block_status_ = code;
     minor_ = line[7] - '0';
-    /* what a block says is about that block: an interim response's headers do not carry over */
-    have_length_ = false;
-    length_ = 0;
-    chunked_ = false;
-    te_other_ = false;
-    conn_close_ = false;
-    conn_keep_alive_ = false;
-    retry_after_.clear();
+    clear_block();
     return true;
 }
 
 bool ResponseParser::header_field(const char *name, std::size_t nlen, const char *v, std::size_t vlen) noexcept {
-    trim(v, vlen);
+    ascii_trim_ows(v, vlen);
     if (ascii_iequals(name, nlen, "content-length")) {
-        bool ok = each_token(v, vlen, [this](const char *t, std::size_t tl) {
+        bool ok = for_each_list_element(v, vlen, [this](const char *t, std::size_t tl) {
             std::uint64_t n = 0;
             for (std::size_t i = 0; i < tl; i++) {
                 if (t[i] < '0' || t[i] > '9' || n > (UINT64_MAX - 9) / 10) return false;
@@ -238,24 +217,19 @@ bool ResponseParser::header_field(const char *name, std::size_t nlen, const char
             return false;
         }
     } else if (ascii_iequals(name, nlen, "transfer-encoding")) {
-        each_token(v, vlen, [this](const char *t, std::size_t tl) {
+        for_each_list_element(v, vlen, [this](const char *t, std::size_t tl) {
             chunked_ = ascii_iequals(t, tl, "chunked");
             te_other_ = !chunked_;
             return true;
         });
     } else if (ascii_iequals(name, nlen, "connection")) {
-        each_token(v, vlen, [this](const char *t, std::size_t tl) {
+        for_each_list_element(v, vlen, [this](const char *t, std::size_t tl) {
             if (ascii_iequals(t, tl, "close")) conn_close_ = true;
             if (ascii_iequals(t, tl, "keep-alive")) conn_keep_alive_ = true;
             return true;
         });
     } else if (ascii_iequals(name, nlen, "retry-after")) {
-        try {
-            retry_after_.assign(v, vlen);
-        } catch (...) {
-            fail("out of memory");
-            return false;
-        }
+        return store(retry_after_, false, v, vlen);
     }
     return true;
 }
@@ -267,7 +241,7 @@ bool ResponseParser::header_line(const char *line, std::size_t len) noexcept {
         fail("the response has a header line without a name and colon");
         return false;
     }
-    if (is_ows(colon[-1])) {
+    if (ascii_is_ows(colon[-1])) {
         fail("the response has white space between a header name and its colon");
         return false;
     }
@@ -307,7 +281,7 @@ bool ResponseParser::head_line(const char *line, std::size_t len) noexcept {
         if (len == 0) return true; /* empty lines before a status line are skipped */
         return status_line(line, len);
     }
-    if (len > 0 && is_ows(line[0])) {
+    if (len > 0 && ascii_is_ows(line[0])) {
         /* obsolete line folding: the value goes on */
         if (field_.empty()) {
             fail("the response's first header line is a continuation line");
@@ -315,30 +289,15 @@ bool ResponseParser::head_line(const char *line, std::size_t len) noexcept {
         }
         const char *v = line;
         std::size_t vlen = len;
-        trim(v, vlen);
-        try {
-            field_ += ' ';
-            field_.append(v, vlen);
-        } catch (...) {
-            fail("out of memory");
-            return false;
-        }
-        return true;
+        ascii_trim_ows(v, vlen);
+        return store(field_, true, " ", 1) && store(field_, true, v, vlen);
     }
     if (!field_.empty()) {
         bool ok = header_line(field_.data(), field_.size());
         field_.clear();
         if (!ok) return false;
     }
-    if (len > 0) {
-        try {
-            field_.assign(line, len);
-        } catch (...) {
-            fail("out of memory");
-            return false;
-        }
-        return true;
-    }
+    if (len > 0) return store(field_, false, line, len);
     /* the empty line: the end of a block */
     if (block_status_ < 200) {
         if (block_status_ == 101) {
@@ -365,7 +324,7 @@ bool ResponseParser::chunk_size_line(const char *line, std::size_t len) noexcept
         n = n * 16 + static_cast<std::uint64_t>(d);
         i++;
     }
-    while (i < len && is_ows(line[i])) i++;
+    while (i < len && ascii_is_ows(line[i])) i++;
     if (i == 0 || (i < len && line[i] != ';')) {
         fail("the response has a malformed chunk size");
         return false;
@@ -416,10 +375,9 @@ ResponseParser::Result ResponseParser::feed(const char *data, std::size_t len, s
                                                                      : kMaxHeaderSection - used;
                 if (!take_line(p, end, limit, line, n, complete)) {
                     if (result_ != Result::kError)
-                        fail(*error_                          ? error_
-                             : state_ == State::kChunkDataEnd ? "the response has a chunk longer than its size"
-                             : state_ == State::kChunkSize    ? "the response has a chunk size line too long"
-                                                              : "the response's header section is too large");
+                        fail(state_ == State::kChunkDataEnd ? "the response has a chunk longer than its size"
+                             : state_ == State::kChunkSize  ? "the response has a chunk size line too long"
+                                                            : "the response's header section is too large");
                     break;
                 }
                 if (state_ == State::kHead) head_bytes_ += static_cast<std::size_t>(p - start);

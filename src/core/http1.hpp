@@ -113,6 +113,8 @@ class ResponseParser {
     enum class State { kHead, kLength, kChunkSize, kChunkData, kChunkDataEnd, kTrailers, kClose, kEnd };
 
     Result fail(const char *why) noexcept;
+    void clear_block() noexcept;
+    bool store(std::string &dst, bool append, const char *s, std::size_t len) noexcept;
     bool head_line(const char *line, std::size_t len) noexcept;
     bool status_line(const char *line, std::size_t len) noexcept;
     bool header_line(const char *line, std::size_t len) noexcept;

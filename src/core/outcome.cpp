@@ -486,9 +486,8 @@ int64_t local_failure_delay_ms(const BackoffPolicy &b, uint64_t random64) noexce
 
 bool parse_retry_after(const char *v, std::size_t len, int64_t now_unix_s, int64_t *delay_s) noexcept {
     if (v == nullptr || delay_s == nullptr) return false;
+    ascii_trim_ows(v, len);
     const char *p = v, *end = v + len;
-    while (p < end && (*p == ' ' || *p == '\t')) p++;
-    while (end > p && (end[-1] == ' ' || end[-1] == '\t')) end--;
     if (p == end) return false;
 
     if (is_digit(*p)) {

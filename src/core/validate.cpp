@@ -283,30 +283,26 @@ const char *check_tracestate(const char *v, std::size_t len) noexcept {
     static const char *const member = "must be a W3C tracestate: comma-separated key=value members";
     if (len > 512) return "is longer than 512 bytes";
     int members = 0;
-    std::size_t i = 0;
-    while (i <= len) {
-        std::size_t end = i;
-        while (end < len && v[end] != ',') end++;
-        std::size_t a = i, b = end;
-        while (a < b && (v[a] == ' ' || v[a] == '\t')) a++;
-        while (b > a && (v[b - 1] == ' ' || v[b - 1] == '\t')) b--;
-        if (a < b) {
-            if (++members > 32) return "has more than 32 members";
-            std::size_t eq = a;
-            while (eq < b && v[eq] != '=') eq++;
-            if (eq == b || eq == a || eq - a > 256) return member;
-            if (!((v[a] >= 'a' && v[a] <= 'z') || (v[a] >= '0' && v[a] <= '9'))) return member;
-            for (std::size_t k = a; k < eq; k++)
-                if (!key_char(v[k])) return member;
-            if (b - eq - 1 < 1 || b - eq - 1 > 256) return member;
-            for (std::size_t k = eq + 1; k < b; k++) {
-                unsigned char c = static_cast<unsigned char>(v[k]);
-                if (c < 0x20 || c > 0x7e || c == ',' || c == '=') return member;
-            }
+    const char *why = nullptr;
+    for_each_list_element(v, len, [&](const char *m, std::size_t mlen) {
+        std::size_t eq = 0;
+        if (++members > 32) {
+            why = "has more than 32 members";
+            return false;
         }
-        i = end + 1;
-    }
-    return nullptr;
+        while (eq < mlen && m[eq] != '=') eq++;
+        if (eq == mlen || eq == 0 || eq > 256 || !((m[0] >= 'a' && m[0] <= 'z') || (m[0] >= '0' && m[0] <= '9')) ||
+            mlen - eq - 1 < 1 || mlen - eq - 1 > 256)
+            why = member;
+        for (std::size_t k = 0; k < eq && !why; k++)
+            if (!key_char(m[k])) why = member;
+        for (std::size_t k = eq + 1; k < mlen && !why; k++) {
+            unsigned char c = static_cast<unsigned char>(m[k]);
+            if (c < 0x20 || c > 0x7e || c == ',' || c == '=') why = member;
+        }
+        return why == nullptr;
+    });
+    return why;
 }
 
 long base64_decode(const char *in, std::size_t len, unsigned char *out) {
