@@ -19,6 +19,77 @@ bool has_line_break(const char *s, std::size_t len) {
 
 } // namespace
 
+bool parse_plain_http_url(const char *url, PlainUrl &out) noexcept {
+    if (url == nullptr) return false;
+    std::size_t len = std::strlen(url);
+    if (!ascii_istarts(url, len, "http://")) return false;
+    for (std::size_t i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(url[i]);
+        if (c <= 0x20 || c >= 0x7f || c == '#' || c == '\\') return false;
+    }
+    std::size_t pos = 7, end = pos;
+    while (end < len && url[end] != '/' && url[end] != '?') end++;
+    std::size_t host_end; /* one past the host (the ']' of an IPv6 literal included) */
+    if (end > pos && url[pos] == '[') {
+        const char *close = static_cast<const char *>(std::memchr(url + pos, ']', end - pos));
+        if (close == nullptr) return false;
+        host_end = static_cast<std::size_t>(close - url) + 1;
+        for (std::size_t i = pos + 1; i + 1 < host_end; i++) {
+            char c = url[i];
+            bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+            if (!hex && c != ':' && c != '.') return false; /* a zone ("%25eth0") or anything else */
+        }
+        if (host_end - pos < 4) return false; /* "[::]" at least */
+    } else {
+        host_end = pos;
+        while (host_end < end && url[host_end] != ':') {
+            char c = url[host_end];
+            bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' ||
+                      c == '-' || c == '_';
+            if (!ok) return false;
+            host_end++;
+        }
+        if (host_end == pos || host_end - pos > 253) return false;
+    }
+    unsigned long port = 80;
+    if (host_end < end) {
+        if (url[host_end] != ':' || end - host_end < 2 || end - host_end > 6) return false;
+        port = 0;
+        for (std::size_t i = host_end + 1; i < end; i++) {
+            if (url[i] < '0' || url[i] > '9') return false;
+            port = port * 10 + static_cast<unsigned long>(url[i] - '0');
+        }
+        if (port < 1 || port > 65535) return false;
+    }
+    /* the path runs to the query; a dot segment would be rewritten by libcurl */
+    std::size_t q = end;
+    while (q < len && url[q] != '?') q++;
+    for (std::size_t i = end; i < q; i++) {
+        if (url[i] != '.' || url[i - 1] != '/') continue;
+        std::size_t j = i + 1;
+        if (j < q && url[j] == '.') j++;
+        if (j == q || url[j] == '/') return false;
+    }
+    try {
+        std::string port_text = std::to_string(port);
+        out.key.assign(url + pos, host_end - pos);
+        for (char &c : out.key) c = ascii_lower(c);
+        out.key += ':';
+        out.key += port_text;
+        out.host_header.assign(url + pos, host_end - pos);
+        if (port != 80) {
+            out.host_header += ':';
+            out.host_header += port_text;
+        }
+        if (end == len || url[end] == '?') out.target.assign("/");
+        else out.target.clear();
+        out.target.append(url + end, len - end);
+    } catch (...) {
+        return false;
+    }
+    return true;
+}
+
 const char *write_post(std::string &out, const std::string &target, const std::string &host_header,
                        const std::string &user_agent, const std::vector<std::string> &header_lines, const char *body,
                        std::size_t body_len) noexcept {

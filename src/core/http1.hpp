@@ -58,6 +58,22 @@ const char *write_post(std::string &out, const std::string &target, const std::s
                        std::size_t body_len) noexcept;
 
 /*
+ * An http:// URL simple enough to be sent without libcurl's URL handling:
+ * scheme http (any case), a host of letters, digits, '.', '-' and '_' or an
+ * IPv6 literal without a zone, an optional port 1-65535, and a path and
+ * query of visible ASCII without a dot segment ("/./", "/../", which
+ * libcurl removes), user information, a fragment or a percent sign in the
+ * host.  Anything else (https, credentials, unusual forms) returns false
+ * and is left to libcurl, which then sends it exactly as before.
+ */
+struct PlainUrl {
+    std::string key;         /* "host:port" with the host in lower case: the keep-alive pool's key */
+    std::string host_header; /* the Host value libcurl sends: the host as written, ":port" unless 80 */
+    std::string target;      /* origin form: the path ("/" when empty) and "?query" */
+};
+bool parse_plain_http_url(const char *url, PlainUrl &out) noexcept;
+
+/*
  * One response, fed as it arrives.  reset() before each response; the
  * body goes to the sink given there, in the order received, with chunked
  * framing removed.

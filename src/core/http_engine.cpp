@@ -29,7 +29,7 @@
  *    every pooled handle starts with os_errno 0 and a stale errno cannot
  *    mark a later, unrelated failure as local.
  */
-#include "core/http_engine.hpp"
+#include "core/http_engine_impl.hpp"
 
 #include "core/ascii.hpp"
 
@@ -49,27 +49,6 @@
 
 namespace od {
 
-struct HttpEngine::Transfer {
-    CURL *easy = nullptr;
-    curl_slist *headers = nullptr;
-    std::string body;
-    std::string url;
-    char errbuf[CURL_ERROR_SIZE];
-    HttpCompletion result;
-    std::size_t body_seen = 0;
-    bool body_overflow = false;
-    /* header blocks seen by the header callback (see the file comment) */
-    long block_status = 0;         /* status of the block being read */
-    bool in_block = false;         /* a status line arrived, its empty line not yet */
-    bool headers_complete = false; /* a final (>= 200) block has ended */
-    int socket_errno = 0;          /* errno of a failed socket(), 0 if none */
-    const AddressFilter *filter = nullptr;
-    std::string proxy;        /* the proxy URL used, to keep it (and its password) out of error texts */
-    std::size_t keep_body = 0; /* TransferOptions::keep_body */
-    std::string kept;          /* the body kept whole, up to keep_body bytes */
-    bool denied = false;      /* a connection was refused by the filter */
-    char denied_why[160];     /* why (the address and the list) */
-};
 
 namespace {
 
@@ -86,24 +65,8 @@ bool global_init_done = false;
 extern "C" size_t od_curl_write_cb(char *ptr, size_t size, size_t nmemb, void *userdata) {
     auto *t = static_cast<HttpEngine::Transfer *>(userdata);
     size_t n = size * nmemb;
-    HttpCompletion &r = t->result;
-    if (r.body_len < kBodyCap) {
-        size_t take = std::min(n, kBodyCap - r.body_len);
-        std::memcpy(r.body + r.body_len, ptr, take);
-        r.body_len += take;
-    }
-    if (t->keep_body > t->kept.size()) {
-        try {
-            t->kept.append(ptr, std::min(n, t->keep_body - t->kept.size()));
-        } catch (...) {
-            t->keep_body = 0; /* out of memory: what was kept stays, cut short */
-        }
-    }
-    t->body_seen += n;
-    if (t->body_seen > kBodyAbort) {
-        t->body_overflow = true;
+    if (!engine_detail::take_body_bytes(t->result, t->body_seen, t->body_overflow, t->keep_body, t->kept, ptr, n))
         return 0; /* CURLE_WRITE_ERROR: stop reading an oversized body */
-    }
     return n;
 }
 
@@ -157,9 +120,9 @@ extern "C" size_t od_curl_header_cb(char *ptr, size_t size, size_t nitems, void 
     return n;
 }
 
-inline bool errno_is_local(long e) {
-    return e == EMFILE || e == ENFILE || e == ENOMEM || e == ENOBUFS;
-}
+} // namespace
+
+namespace engine_detail {
 
 /*
  * libcurl's own socket() call plus three things: the address is checked
@@ -203,10 +166,70 @@ void redact(char *text, std::size_t cap, const std::string &secret) noexcept {
     }
 }
 
-} // namespace
+int64_t steady_us() noexcept {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+bool take_body_bytes(HttpCompletion &r, std::size_t &seen, bool &overflow, std::size_t keep_body, std::string &kept,
+                     const char *data, std::size_t n) noexcept {
+    if (r.body_len < kBodyCap) {
+        std::size_t take = std::min(n, kBodyCap - r.body_len);
+        std::memcpy(r.body + r.body_len, data, take);
+        r.body_len += take;
+    }
+    if (keep_body > kept.size()) {
+        try {
+            kept.append(data, std::min(n, keep_body - kept.size()));
+        } catch (...) {
+            /* out of memory: what was kept stays, cut short */
+        }
+    }
+    seen += n;
+    if (seen > kBodyAbort) {
+        overflow = true;
+        return false;
+    }
+    return true;
+}
+
+/*
+ * A transfer (or an exchange's connect) that libcurl ended with code: the
+ * completion's error text (the filter's refusal, ours, or libcurl's with the
+ * proxy URL redacted), errno and whether the failure is this process's own.
+ */
+void describe_failure(HttpEngine::Transfer *t, CURLcode code, const char *why, long os_errno,
+                      HttpCompletion &r) noexcept {
+    r.curl_code = static_cast<int>(code);
+    const char *m = why ? why : t->errbuf[0] ? t->errbuf : curl_easy_strerror(code);
+    if (t->denied && code == CURLE_COULDNT_CONNECT)
+        std::snprintf(r.error, sizeof r.error, "connection refused by the dispatcher: %s", t->denied_why);
+    else
+        std::snprintf(r.error, sizeof r.error, "%s", m);
+    redact(r.error, sizeof r.error, t->proxy);
+    r.status = 0; /* a partial response is a transport failure */
+    long err = t->socket_errno != 0 ? t->socket_errno : os_errno;
+    r.os_errno = static_cast<int>(err);
+    /*
+     * Only an errno says "this process": CURLE_OUT_OF_MEMORY is also what
+     * libcurl reports for a response header over its 100 KB limit — the
+     * endpoint's doing, charged like any transport error.  A refusal by the
+     * filter is the configuration's, not a shortage.
+     */
+    r.local_failure = !t->denied && errno_is_local(err);
+}
+
+} // namespace engine_detail
+
+using engine_detail::errno_is_local;
+using engine_detail::redact;
+using engine_detail::steady_us;
 
 HttpEngine::~HttpEngine() {
     abort_all();
+    close_pooled();
+    for (Exchange *x : spare_exchanges_) delete x;
+    spare_exchanges_.clear();
     for (Transfer *t : idle_) {
         curl_easy_cleanup(t->easy);
         delete t;
@@ -229,6 +252,7 @@ bool HttpEngine::init(const HttpEngineOptions &opts) noexcept {
         if (opts.ca_file && *opts.ca_file) ca_file_ = opts.ca_file;
         user_agent_ = opts.user_agent ? opts.user_agent : "outbox_dispatcher";
         max_connections_ = opts.max_connections;
+        own_http1_ = opts.own_http1;
         if (epfd_ < 0) {
             epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
             if (epfd_ < 0) {
@@ -262,6 +286,8 @@ void HttpEngine::set_address_filter(const AddressFilter &f) noexcept {
         if (f == filter_) return;
         filter_ = f;
         retire_pool_ = true;
+        generation_++; /* connections in use now are closed when their exchange ends */
+        close_pooled();
     } catch (...) {
         /* keep the previous lists */
     }
@@ -270,7 +296,6 @@ void HttpEngine::set_address_filter(const AddressFilter &f) noexcept {
 bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::size_t body_len,
                         const std::vector<std::string> &header_lines, long timeout_ms,
                         const TransferOptions *options) noexcept {
-    Transfer *t = nullptr;
     bool fresh = false;
     if (retire_pool_) {
         if (running_.empty()) {
@@ -284,37 +309,17 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
             fresh = true; /* the pool may hold connections the new lists refuse */
         }
     }
+    std::size_t keep_body = options ? std::min(options->keep_body, kBodyAbort) : 0;
+    if (own_http1_ && !(options && options->proxy && *options->proxy)) {
+        if (const http1::PlainUrl *u = plain_url(url))
+            return submit_own(tag, *u, url, body, body_len, header_lines, timeout_ms, keep_body);
+    }
+    Transfer *t = take_transfer(tag, options);
+    if (!t) return false;
     try {
-        if (!idle_.empty()) {
-            t = idle_.back();
-            idle_.pop_back();
-            curl_easy_reset(t->easy);
-        } else {
-            t = new Transfer();
-            t->easy = curl_easy_init();
-            if (!t->easy) {
-                delete t;
-                last_error_ = "curl_easy_init failed";
-                return false;
-            }
-        }
         t->body.assign(body, body_len);
         t->url.assign(url);
-        std::memset(&t->result, 0, sizeof t->result);
-        t->result.tag = tag;
-        t->errbuf[0] = '\0';
-        t->body_seen = 0;
-        t->body_overflow = false;
-        t->block_status = 0;
-        t->in_block = false;
-        t->headers_complete = false;
-        t->socket_errno = 0;
-        t->filter = &filter_;
-        t->proxy.assign(options && options->proxy ? options->proxy : "");
-        t->keep_body = options ? std::min(options->keep_body, kBodyAbort) : 0;
-        t->kept.clear();
-        t->denied = false;
-        t->denied_why[0] = '\0';
+        t->keep_body = keep_body;
 
         curl_slist *hl = nullptr;
         for (const std::string &line : header_lines) {
@@ -340,9 +345,6 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(t->body.size()));
         curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers);
         curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
-        curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-        curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-        curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
         /* "" disables proxies even when http_proxy/all_proxy/... are set in the environment */
         if (options && options->proxy && *options->proxy) {
             curl_easy_setopt(e, CURLOPT_PROXY, options->proxy);
@@ -363,25 +365,19 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
             curl_easy_setopt(e, CURLOPT_SSLKEY_BLOB, &key);
             curl_easy_setopt(e, CURLOPT_SSLKEYTYPE, "PEM");
         }
-        curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, od_curl_opensocket_cb);
-        curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, t);
         if (fresh) curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
-        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
-        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms, 10000L));
+        set_common_options(t, timeout_ms);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
         if (!ca_file_.empty()) {
             curl_easy_setopt(e, CURLOPT_CAINFO, ca_file_.c_str());
             curl_easy_setopt(e, CURLOPT_PROXY_CAINFO, ca_file_.c_str()); /* an https:// proxy too */
         }
-        curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
         curl_easy_setopt(e, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
-        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
         curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, od_curl_write_cb);
         curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
         curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, od_curl_header_cb);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
-        curl_easy_setopt(e, CURLOPT_PRIVATE, t);
         curl_easy_setopt(e, CURLOPT_USERAGENT, user_agent_.c_str());
 
         running_.emplace(e, t);
@@ -395,12 +391,66 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
         return true;
     } catch (...) {
         last_error_ = "out of memory";
-        if (t) {
-            running_.erase(t->easy);
-            release(t);
-        }
+        running_.erase(t->easy);
+        release(t);
         return false;
     }
+}
+
+/* An easy handle for a transfer or a connect: pooled (reset) or new; nullptr with last_error_ set. */
+HttpEngine::Transfer *HttpEngine::take_transfer(uint64_t tag, const TransferOptions *options) noexcept {
+    Transfer *t = nullptr;
+    try {
+        if (!idle_.empty()) {
+            t = idle_.back();
+            idle_.pop_back();
+            curl_easy_reset(t->easy);
+        } else {
+            t = new Transfer();
+            t->easy = curl_easy_init();
+            if (!t->easy) {
+                delete t;
+                last_error_ = "curl_easy_init failed";
+                return nullptr;
+            }
+        }
+        std::memset(&t->result, 0, sizeof t->result);
+        t->result.tag = tag;
+        t->errbuf[0] = '\0';
+        t->body_seen = 0;
+        t->body_overflow = false;
+        t->block_status = 0;
+        t->in_block = false;
+        t->headers_complete = false;
+        t->socket_errno = 0;
+        t->filter = &filter_;
+        t->proxy.assign(options && options->proxy ? options->proxy : "");
+        t->keep_body = 0;
+        t->kept.clear();
+        t->denied = false;
+        t->denied_why[0] = '\0';
+        t->ex = nullptr;
+        return t;
+    } catch (...) {
+        last_error_ = "out of memory";
+        if (t) release(t);
+        return nullptr;
+    }
+}
+
+/* What every easy handle gets, transfer or connect. */
+void HttpEngine::set_common_options(Transfer *t, long timeout_ms) noexcept {
+    CURL *e = t->easy;
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, engine_detail::od_curl_opensocket_cb);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, t);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms, 10000L));
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, t);
 }
 
 void HttpEngine::destroy(Transfer *t) noexcept {
@@ -459,21 +509,16 @@ int HttpEngine::socket_cb(int fd, int what, bool known) noexcept {
     return 0;
 }
 
-namespace {
-int64_t steady_us() noexcept {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-} // namespace
-
 int HttpEngine::timer_cb(long timeout_ms) noexcept {
     deadline_us_ = timeout_ms < 0 ? -1 : steady_us() + static_cast<int64_t>(timeout_ms) * 1000;
     return 0;
 }
 
 long HttpEngine::timeout_ms() const noexcept {
-    if (deadline_us_ < 0) return -1;
-    int64_t left = deadline_us_ - steady_us();
+    int64_t d = deadline_us_, own = own_deadline_us();
+    if (own >= 0 && (d < 0 || own < d)) d = own;
+    if (d < 0) return -1;
+    int64_t left = d - steady_us();
     return left <= 0 ? 0 : static_cast<long>((left + 999) / 1000);
 }
 
@@ -487,6 +532,10 @@ void HttpEngine::on_poll_ready() noexcept {
     int n = ::epoll_wait(epfd_, evs, 64, 0);
     for (int i = 0; i < n; i++) {
         uint32_t e = evs[i].events;
+        if (evs[i].data.u64 & engine_detail::kOwnConnBit) {
+            on_conn(reinterpret_cast<Conn *>(static_cast<uintptr_t>(evs[i].data.u64 & ~engine_detail::kOwnConnBit)), e);
+            continue;
+        }
         /* a hang-up or error is read (libcurl then sees the end or the error) */
         int bits = ((e & (EPOLLIN | EPOLLHUP | EPOLLERR)) ? CURL_CSELECT_IN : 0) | ((e & EPOLLOUT) ? CURL_CSELECT_OUT : 0);
         on_socket(evs[i].data.fd, bits);
@@ -508,9 +557,12 @@ void HttpEngine::wait(long max_ms) noexcept {
 }
 
 void HttpEngine::on_timeout() noexcept {
-    deadline_us_ = -1;
-    curl_multi_socket_action(multi_, CURL_SOCKET_TIMEOUT, 0, &still_running_);
-    collect();
+    if (deadline_us_ >= 0 && deadline_us_ <= steady_us()) {
+        deadline_us_ = -1;
+        curl_multi_socket_action(multi_, CURL_SOCKET_TIMEOUT, 0, &still_running_);
+        collect();
+    }
+    expire_own();
 }
 
 void HttpEngine::collect() noexcept {
@@ -522,8 +574,17 @@ void HttpEngine::collect() noexcept {
         auto it = running_.find(e);
         if (it == running_.end()) continue;
         Transfer *t = it->second;
-        HttpCompletion &r = t->result;
         CURLcode code = msg->data.result;
+        if (t->ex) {
+            /* the connect of an exchange of the own transport */
+            long os_errno = 0;
+            curl_easy_getinfo(e, CURLINFO_OS_ERRNO, &os_errno);
+            running_.erase(it);
+            connecting_--;
+            connected(t, code, os_errno);
+            continue;
+        }
+        HttpCompletion &r = t->result;
         long status = 0;
         curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
         double total = 0;
@@ -540,23 +601,7 @@ void HttpEngine::collect() noexcept {
             why = "response ended inside its header section";
         }
         r.curl_code = static_cast<int>(code);
-        if (code != CURLE_OK) {
-            const char *m = why ? why : t->errbuf[0] ? t->errbuf : curl_easy_strerror(code);
-            if (t->denied && code == CURLE_COULDNT_CONNECT)
-                std::snprintf(r.error, sizeof r.error, "connection refused by the dispatcher: %s", t->denied_why);
-            else
-                std::snprintf(r.error, sizeof r.error, "%s", m);
-            redact(r.error, sizeof r.error, t->proxy);
-            r.status = 0; /* a partial response is a transport failure */
-            long err = t->socket_errno != 0 ? t->socket_errno : os_errno;
-            r.os_errno = static_cast<int>(err);
-            /*
-             * Only an errno says "this process": CURLE_OUT_OF_MEMORY is also
-             * what libcurl reports for a response header over its 100 KB
-             * limit — the endpoint's doing, charged like any transport error.
-             */
-            r.local_failure = !t->denied && errno_is_local(err); /* a refusal is the configuration's, not a shortage */
-        }
+        if (code != CURLE_OK) engine_detail::describe_failure(t, code, why, os_errno, r);
         curl_multi_remove_handle(multi_, e);
         running_.erase(it);
         try {
@@ -596,14 +641,17 @@ bool HttpEngine::take_body(uint64_t tag, std::string &out) noexcept {
 void HttpEngine::abort_all() noexcept {
     for (auto &kv : running_) {
         curl_multi_remove_handle(multi_, kv.first);
-        destroy(kv.second);
+        destroy(kv.second); /* a connect's exchange is dropped by abort_own() */
     }
     running_.clear();
+    connecting_ = 0;
+    abort_own();
 }
 
 void HttpEngine::set_max_connections(long n) noexcept {
     max_connections_ = n;
     if (multi_) curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, n);
+    if (n > 0) trim_pool(static_cast<std::size_t>(n));
 }
 
 } // namespace od

@@ -41,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/http1.hpp"
 #include "core/netfilter.hpp"
 
 namespace od {
@@ -88,6 +89,12 @@ struct HttpEngineOptions {
     const char *ca_file = nullptr;                /* nullptr: the system CA store */
     long max_connections = 256;                   /* size of the keep-alive pool */
     const char *user_agent = "outbox_dispatcher"; /* User-Agent header (copied) */
+    /*
+     * Send plain http:// requests without a proxy over the engine's own
+     * HTTP/1.1 connections (see "Two transports" above); false: everything
+     * through libcurl.
+     */
+    bool own_http1 = true;
 };
 
 class HttpEngine {
@@ -111,7 +118,7 @@ class HttpEngine {
                 const std::vector<std::string> &header_lines, long timeout_ms,
                 const TransferOptions *options = nullptr) noexcept;
 
-    std::size_t in_flight() const noexcept { return running_.size(); }
+    std::size_t in_flight() const noexcept { return running_.size() - connecting_ + exchanges_.size(); }
 
     /* Finished transfers waiting for drain(). */
     std::size_t completed() const noexcept { return done_.size(); }
@@ -181,14 +188,48 @@ class HttpEngine {
     int socket_cb(int fd, int what, bool known) noexcept;
     int timer_cb(long timeout_ms) noexcept;
 
-    struct Transfer; /* one easy handle and its buffers (defined in the .cpp) */
+    struct Transfer; /* one easy handle and its buffers (http_engine_impl.hpp) */
+    struct Conn;     /* a connection of the own transport */
+    struct Exchange; /* a request of the own transport */
+
+    /* Connections the own transport opened (each through libcurl's connect), for tests. */
+    uint64_t own_connections_opened() const noexcept { return own_opened_; }
 
   private:
+    /* libcurl's half (http_engine.cpp) */
     void collect() noexcept;
     void on_socket(int fd, int ev_bitmask) noexcept;
     void release(Transfer *t) noexcept;
     void destroy(Transfer *t) noexcept;
     bool setup_multi() noexcept;
+    Transfer *take_transfer(uint64_t tag, const TransferOptions *options) noexcept;
+    void set_common_options(Transfer *t, long timeout_ms) noexcept;
+
+    /* the own transport's half (http_direct.cpp) */
+    bool submit_own(uint64_t tag, const http1::PlainUrl &u, const char *url, const char *body, std::size_t body_len,
+                    const std::vector<std::string> &header_lines, long timeout_ms, std::size_t keep_body) noexcept;
+    bool start_connect(Exchange *x) noexcept;
+    void connected(Transfer *t, int code, long os_errno) noexcept;
+    bool send_more(Exchange *x) noexcept;
+    void receive(Exchange *x) noexcept;
+    void on_conn(Conn *c, uint32_t events) noexcept;
+    bool watch(Conn *c, uint32_t events) noexcept;
+    void complete(Exchange *x, bool at_eof) noexcept;
+    void fail(Exchange *x, int code, const char *text, int err) noexcept;
+    bool resend_fresh(Exchange *x) noexcept;
+    void finish(Exchange *x) noexcept;
+    void recycle(Exchange *x) noexcept;
+    void timed_out(Exchange *x) noexcept;
+    void response_error(Exchange *x, bool at_eof) noexcept;
+    void close_conn(Conn *c) noexcept;
+    void pool_conn(Conn *c) noexcept;
+    Conn *take_pooled(const std::string &key) noexcept;
+    void close_pooled() noexcept;
+    void trim_pool(std::size_t keep) noexcept;
+    void expire_own() noexcept;
+    int64_t own_deadline_us() const noexcept;
+    void abort_own() noexcept;
+    const http1::PlainUrl *plain_url(const char *url) noexcept;
 
     void *multi_ = nullptr; /* CURLM * */
     std::string ca_file_;
@@ -206,6 +247,22 @@ class HttpEngine {
     long max_connections_ = 256;
     AddressFilter filter_;
     bool retire_pool_ = false; /* the filter changed: the pool's connections predate it */
+
+    bool own_http1_ = true;
+    std::size_t connecting_ = 0;        /* transfers in running_ that are connects for exchanges */
+    std::vector<Exchange *> exchanges_; /* in flight (Exchange::slot is the index) */
+    std::vector<Exchange *> spare_exchanges_;
+    std::unordered_map<std::string, std::vector<Conn *>> pool_; /* idle connections by origin, newest last */
+    std::size_t pooled_ = 0;
+    struct PlainEntry {
+        bool plain = false; /* false: left to libcurl */
+        http1::PlainUrl url;
+    };
+    std::unordered_map<std::string, PlainEntry> urls_; /* the URLs submitted, parsed once */
+    uint64_t generation_ = 0;                               /* of the address filter */
+    uint64_t own_opened_ = 0;
+    mutable int64_t own_deadline_ = -1; /* earliest deadline of exchanges_ on a connection; -1 none */
+    mutable bool own_deadline_stale_ = false;
 };
 
 } // namespace od

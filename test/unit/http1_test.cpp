@@ -93,6 +93,37 @@ TEST(Http1Write, RefusesLineBreaksAndLeavesTheBufferAlone) {
 
 // ---------------------------------------------------------------- responses
 
+TEST(Http1Url, PlainHttpUrlsAreSplitAsLibcurlSendsThem) {
+    od::http1::PlainUrl u;
+    ASSERT_TRUE(od::http1::parse_plain_http_url("http://Sink.Example:8080/hooks/a?x=1&y=/./", u));
+    EXPECT_EQ(u.key, "sink.example:8080");
+    EXPECT_EQ(u.host_header, "Sink.Example:8080");
+    EXPECT_EQ(u.target, "/hooks/a?x=1&y=/./"); // dot segments in the query are not path segments
+    ASSERT_TRUE(od::http1::parse_plain_http_url("HTTP://10.0.0.1", u));
+    EXPECT_EQ(u.key, "10.0.0.1:80");
+    EXPECT_EQ(u.host_header, "10.0.0.1");
+    EXPECT_EQ(u.target, "/");
+    ASSERT_TRUE(od::http1::parse_plain_http_url("http://h:80?q", u)); // port 80 is left out of Host
+    EXPECT_EQ(u.host_header, "h");
+    EXPECT_EQ(u.target, "/?q");
+    ASSERT_TRUE(od::http1::parse_plain_http_url("http://[::1]:9000/.well-known/x", u));
+    EXPECT_EQ(u.key, "[::1]:9000");
+    EXPECT_EQ(u.host_header, "[::1]:9000");
+    EXPECT_EQ(u.target, "/.well-known/x");
+}
+
+TEST(Http1Url, AnythingUnusualIsLeftToLibcurl) {
+    od::http1::PlainUrl u;
+    for (const char *url :
+         {"https://h/", "ftp://h/", "http://", "http:///x", "http://u:p@h/", "http://h/a#f", "http://h/a b",
+          "http://h/./a", "http://h/a/..", "http://h/a/../b", "http://h%41/", "http://h:0/", "http://h:65536/",
+          "http://h:/", "http://h:8x/", "http://[::1%25eth0]/", "http://[::1/", "http://[]/", "http://h\\x/",
+          "http://h/\x01", "http://h/\xc3\xa9"}) {
+        EXPECT_FALSE(od::http1::parse_plain_http_url(url, u)) << url;
+    }
+    EXPECT_FALSE(od::http1::parse_plain_http_url(nullptr, u));
+}
+
 TEST(Http1Parse, ContentLengthBodyAndKeepAlive) {
     ResponseParser p;
     std::string body;

@@ -16,6 +16,7 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -249,14 +250,23 @@ std::vector<od::HttpCompletion> run_until(od::HttpEngine &e, size_t n, int max_m
     return out;
 }
 
-class HttpEngineTest : public ::testing::Test {
+// Every engine test runs twice: plain http:// over the engine's own
+// HTTP/1.1 connections (the default) and everything through libcurl.
+class HttpEngineTest : public ::testing::TestWithParam<bool> {
   protected:
-    void SetUp() override { ASSERT_TRUE(engine.init(od::HttpEngineOptions{})) << engine.last_error(); }
+    void SetUp() override {
+        od::HttpEngineOptions opts;
+        opts.own_http1 = GetParam();
+        ASSERT_TRUE(engine.init(opts)) << engine.last_error();
+    }
     LoopbackServer server;
     od::HttpEngine engine;
 };
 
-TEST_F(HttpEngineTest, PostsBodyAndHeaders) {
+INSTANTIATE_TEST_SUITE_P(Transports, HttpEngineTest, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool> &i) { return i.param ? "own" : "libcurl"; });
+
+TEST_P(HttpEngineTest, PostsBodyAndHeaders) {
     std::vector<std::string> headers = {"Content-Type: application/json", "Idempotency-Key: 42"};
     const std::string body = R"({"a": 1})";
     ASSERT_TRUE(engine.submit(7, server.url("/ok").c_str(), body.data(), body.size(), headers, 5000));
@@ -276,7 +286,7 @@ TEST_F(HttpEngineTest, PostsBodyAndHeaders) {
     EXPECT_EQ(reqs[0].substr(reqs[0].size() - body.size()), body);
 }
 
-TEST_F(HttpEngineTest, ManyConcurrentRequestsReuseConnections) {
+TEST_P(HttpEngineTest, ManyConcurrentRequestsReuseConnections) {
     const int n = 50;
     std::vector<std::string> headers = {"Content-Type: application/json"};
     for (int round = 0; round < 3; round++) {
@@ -295,10 +305,11 @@ TEST_F(HttpEngineTest, ManyConcurrentRequestsReuseConnections) {
     EXPECT_EQ(engine.poll_set_failures(), 0u);
 }
 
-// The poll descriptor holds only the sockets libcurl waits on: a pooled
-// connection the server closed while idle must not make it readable (the
-// worker would spin on it), and the next request replaces that connection.
-TEST_F(HttpEngineTest, PollDescriptorIgnoresIdlePooledConnections) {
+// A pooled connection the server closed while idle must not keep the poll
+// descriptor readable (the worker would spin on it): libcurl's pool is not
+// in the set at all; the own transport's is, and the first on_poll_ready()
+// closes what ended.  The next request replaces that connection.
+TEST_P(HttpEngineTest, PollDescriptorIgnoresIdlePooledConnections) {
     const int fd = engine.poll_fd();
     ASSERT_GE(fd, 0);
     std::vector<std::string> headers;
@@ -312,7 +323,11 @@ TEST_F(HttpEngineTest, PollDescriptorIgnoresIdlePooledConnections) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_EQ(server.open_connections(), 0);
     pollfd p{fd, POLLIN, 0};
-    EXPECT_EQ(::poll(&p, 1, 50), 0) << "an idle connection's end woke the poll descriptor";
+    if (GetParam()) {
+        EXPECT_EQ(::poll(&p, 1, 1000), 1) << "the own pool did not see its connections end";
+        engine.on_poll_ready();
+    }
+    EXPECT_EQ(::poll(&p, 1, 50), 0) << "an idle connection's end keeps the poll descriptor readable";
     EXPECT_EQ(engine.timeout_ms(), -1); // nothing to do, no timer either
     ASSERT_TRUE(engine.submit(9, server.url("/ok").c_str(), "{}", 2, headers, 5000));
     done = run_until(engine, 1);
@@ -321,7 +336,7 @@ TEST_F(HttpEngineTest, PollDescriptorIgnoresIdlePooledConnections) {
     EXPECT_EQ(engine.poll_fd(), fd); // one descriptor for the engine's life
 }
 
-TEST_F(HttpEngineTest, CapturesRetryAfterAndDoesNotFollowRedirects) {
+TEST_P(HttpEngineTest, CapturesRetryAfterAndDoesNotFollowRedirects) {
     std::vector<std::string> headers;
     ASSERT_TRUE(engine.submit(1, server.url("/busy").c_str(), "{}", 2, headers, 5000));
     ASSERT_TRUE(engine.submit(2, server.url("/redirect").c_str(), "{}", 2, headers, 5000));
@@ -338,7 +353,7 @@ TEST_F(HttpEngineTest, CapturesRetryAfterAndDoesNotFollowRedirects) {
     EXPECT_EQ(server.requests().size(), 2u); // no request to /ok
 }
 
-TEST_F(HttpEngineTest, TimeoutIsATransportError) {
+TEST_P(HttpEngineTest, TimeoutIsATransportError) {
     std::vector<std::string> headers;
     ASSERT_TRUE(engine.submit(1, server.url("/slow").c_str(), "{}", 2, headers, 300));
     auto done = run_until(engine, 1);
@@ -349,7 +364,7 @@ TEST_F(HttpEngineTest, TimeoutIsATransportError) {
     EXPECT_NE(std::string(done[0].error).find("timed out"), std::string::npos) << done[0].error;
 }
 
-TEST_F(HttpEngineTest, ConnectionRefused) {
+TEST_P(HttpEngineTest, ConnectionRefused) {
     // bind a port, then close it: nothing listens there
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
@@ -368,7 +383,7 @@ TEST_F(HttpEngineTest, ConnectionRefused) {
     EXPECT_NE(done[0].curl_code, 0);
 }
 
-TEST_F(HttpEngineTest, EgressFilterChecksTheResolvedAddressAndRetiresThePool) {
+TEST_P(HttpEngineTest, EgressFilterChecksTheResolvedAddressAndRetiresThePool) {
     std::string url = server.url("/ok");
     ASSERT_TRUE(engine.submit(1, url.c_str(), "{}", 2, {}, 5000));
     auto done = run_until(engine, 1);
@@ -408,7 +423,7 @@ TEST_F(HttpEngineTest, EgressFilterChecksTheResolvedAddressAndRetiresThePool) {
     EXPECT_EQ(done[0].status, 200);
 }
 
-TEST_F(HttpEngineTest, ProxyUrlNeverReachesTheErrorText) {
+TEST_P(HttpEngineTest, ProxyUrlNeverReachesTheErrorText) {
     // a proxy URL libcurl cannot use is quoted whole in its error: the engine replaces it
     const std::string proxy = "http://user:hunter2@[::1";
     od::TransferOptions opts;
@@ -430,7 +445,7 @@ TEST_F(HttpEngineTest, ProxyUrlNeverReachesTheErrorText) {
     EXPECT_EQ(reqs.back().rfind("POST http://target.invalid/ok HTTP/1.1\r\n", 0), 0u) << reqs.back().substr(0, 80);
 }
 
-TEST_F(HttpEngineTest, HugeBodyIsCappedNotBuffered) {
+TEST_P(HttpEngineTest, HugeBodyIsCappedNotBuffered) {
     ASSERT_TRUE(engine.submit(1, server.url("/huge").c_str(), "{}", 2, {}, 5000));
     auto done = run_until(engine, 1);
     ASSERT_EQ(done.size(), 1u);
@@ -439,7 +454,75 @@ TEST_F(HttpEngineTest, HugeBodyIsCappedNotBuffered) {
     EXPECT_EQ(done[0].body_len, od::kBodyCap);
 }
 
-TEST_F(HttpEngineTest, OnlyHttpAndHttps) {
+// A pooled connection the server has closed, picked before anyone noticed:
+// the request is sent once more on a fresh connection, not failed.
+TEST_P(HttpEngineTest, AReusedConnectionThatDiedIsSentAgainOnAFreshOne) {
+    ASSERT_TRUE(engine.submit(1, server.url("/then-idle-close").c_str(), "{}", 2, {}, 5000));
+    auto done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, 200);
+    for (int i = 0; i < 100 && server.open_connections() > 0; i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(server.open_connections(), 0); // closed by the server, not yet seen by the engine
+    ASSERT_TRUE(engine.submit(2, server.url("/ok").c_str(), "{}", 2, {}, 5000));
+    done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].curl_code, 0) << done[0].error;
+    EXPECT_EQ(done[0].status, 200);
+    EXPECT_EQ(server.connections(), 2);
+    EXPECT_EQ(engine.own_connections_opened(), GetParam() ? 2u : 0u);
+}
+
+// A response that ends the connection (Connection: close, HTTP/1.0, a body
+// delimited by the close) is complete, and the next request opens anew.
+TEST_P(HttpEngineTest, AResponseDelimitedByTheCloseIsCompleteAndNotReused) {
+    for (uint64_t tag = 1; tag <= 2; tag++) {
+        ASSERT_TRUE(engine.submit(tag, server.url("/until-close").c_str(), "{}", 2, {}, 5000));
+        auto done = run_until(engine, 1);
+        ASSERT_EQ(done.size(), 1u);
+        EXPECT_EQ(done[0].curl_code, 0) << done[0].error;
+        EXPECT_EQ(done[0].status, 200);
+        EXPECT_EQ(std::string(done[0].body, done[0].body_len), "body");
+    }
+    EXPECT_EQ(server.connections(), 2);
+}
+
+// The two transports put the same request on the wire (header order aside).
+TEST(HttpEngineTransports, SendTheSameRequest) {
+    LoopbackServer server;
+    const std::vector<std::string> headers = {"Content-Type: application/json", "webhook-id: m-1",
+                                              "Authorization: Bearer abc", "Accept:", "X-Empty: "};
+    const std::string body = R"({"n":1})";
+    for (bool own : {true, false}) {
+        od::HttpEngine e;
+        od::HttpEngineOptions opts;
+        opts.own_http1 = own;
+        opts.user_agent = "agent/1";
+        ASSERT_TRUE(e.init(opts));
+        ASSERT_TRUE(e.submit(1, server.url("/ok?x=1").c_str(), body.data(), body.size(), headers, 5000));
+        auto done = run_until(e, 1);
+        ASSERT_EQ(done.size(), 1u);
+        EXPECT_EQ(done[0].status, 200);
+        EXPECT_EQ(e.own_connections_opened(), own ? 1u : 0u);
+    }
+    auto reqs = server.requests();
+    ASSERT_EQ(reqs.size(), 2u);
+    auto lines = [](const std::string &r) {
+        std::vector<std::string> v;
+        size_t head_end = r.find("\r\n\r\n");
+        for (size_t at = 0; at < head_end;) {
+            size_t eol = r.find("\r\n", at);
+            v.push_back(r.substr(at, eol - at));
+            at = eol + 2;
+        }
+        std::sort(v.begin() + 1, v.end());
+        v.push_back(r.substr(head_end + 4));
+        return v;
+    };
+    EXPECT_EQ(lines(reqs[0]), lines(reqs[1])) << reqs[0] << "\n----\n" << reqs[1];
+}
+
+TEST_P(HttpEngineTest, OnlyHttpAndHttps) {
     ASSERT_TRUE(engine.submit(1, "file:///etc/passwd", "{}", 2, {}, 2000));
     auto done = run_until(engine, 1);
     ASSERT_EQ(done.size(), 1u);
@@ -605,7 +688,7 @@ class ProxyEnvironment {
     std::vector<std::tuple<const char *, bool, std::string>> saved_;
 };
 
-TEST_F(HttpEngineTest, EnvironmentProxiesAreIgnored) {
+TEST_P(HttpEngineTest, EnvironmentProxiesAreIgnored) {
     LoopbackServer proxy; // would forward and answer 200 if it were used
     ProxyEnvironment env(proxy.url(""));
     ASSERT_TRUE(engine.submit(1, server.url("/ok").c_str(), "{}", 2, {}, 5000));
@@ -619,7 +702,7 @@ TEST_F(HttpEngineTest, EnvironmentProxiesAreIgnored) {
 
 // --------------------------------------------------- incomplete header section
 
-TEST_F(HttpEngineTest, ResponseCutInsideHeadersIsATransportError) {
+TEST_P(HttpEngineTest, ResponseCutInsideHeadersIsATransportError) {
     ASSERT_TRUE(engine.submit(1, server.url("/cut-headers").c_str(), "{}", 2, {}, 5000));
     auto done = run_until(engine, 1);
     ASSERT_EQ(done.size(), 1u);
@@ -642,7 +725,7 @@ TEST_F(HttpEngineTest, ResponseCutInsideHeadersIsATransportError) {
     EXPECT_STREQ(o.error, "transport error (curl 18): response ended inside its header section");
 }
 
-TEST_F(HttpEngineTest, HugeResponseHeaderIsTheEndpointsFailureNotALocalOne) {
+TEST_P(HttpEngineTest, HugeResponseHeaderIsTheEndpointsFailureNotALocalOne) {
     // libcurl reports "Out of memory" for it, but this process is fine: the
     // attempt is charged (else such an endpoint would be retried forever)
     ASSERT_TRUE(engine.submit(1, server.url("/huge-header").c_str(), "{}", 2, {}, 5000));
@@ -653,7 +736,7 @@ TEST_F(HttpEngineTest, HugeResponseHeaderIsTheEndpointsFailureNotALocalOne) {
     EXPECT_FALSE(done[0].local_failure);
 }
 
-TEST_F(HttpEngineTest, AnEndedInterimBlockDoesNotCompleteTheHeaders) {
+TEST_P(HttpEngineTest, AnEndedInterimBlockDoesNotCompleteTheHeaders) {
     // the 103 block ended, the final one did not
     ASSERT_TRUE(engine.submit(1, server.url("/hints-then-cut").c_str(), "{}", 2, {}, 5000));
     // and a 103 alone is no response either
@@ -669,7 +752,7 @@ TEST_F(HttpEngineTest, AnEndedInterimBlockDoesNotCompleteTheHeaders) {
     }
 }
 
-TEST_F(HttpEngineTest, CompleteResponsesAreStillResponses) {
+TEST_P(HttpEngineTest, CompleteResponsesAreStillResponses) {
     const char *paths[] = {"/ok", "/early-hints", "/continue", "/no-content", "/chunked-trailer", "/until-close"};
     const long want_status[] = {200, 200, 201, 204, 200, 200};
     const char *want_body[] = {"ok", "{}", "", "", "ok", "body"};
