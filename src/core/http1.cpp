@@ -4,6 +4,8 @@
  */
 #include "core/http1.hpp"
 
+#include <arpa/inet.h>
+
 #include <cstring>
 
 #include "core/ascii.hpp"
@@ -15,6 +17,42 @@ namespace {
 
 bool has_line_break(const char *s, std::size_t len) {
     return std::memchr(s, '\r', len) != nullptr || std::memchr(s, '\n', len) != nullptr;
+}
+
+} // namespace
+
+namespace {
+
+/*
+ * An IPv4 literal libcurl would write differently ("127.1", "0x7f.0.0.1",
+ * "2130706433", "0177.0.0.1": it normalizes every numeric form to a dotted
+ * quad): true for a host that starts with a digit and has only hex digits,
+ * 'x' and dots unless it is a dotted quad already in canonical form.
+ */
+bool noncanonical_ipv4(const char *h, std::size_t n) {
+    if (n == 0 || h[0] < '0' || h[0] > '9') return false;
+    for (std::size_t i = 0; i < n; i++) {
+        char c = ascii_lower(h[i]);
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == 'x' || c == '.')) return false;
+    }
+    char text[16], back[16];
+    in_addr a;
+    if (n >= sizeof text) return true;
+    std::memcpy(text, h, n);
+    text[n] = '\0';
+    return inet_pton(AF_INET, text, &a) != 1 || inet_ntop(AF_INET, &a, back, sizeof back) == nullptr ||
+           std::strcmp(text, back) != 0;
+}
+
+/* An IPv6 literal (between the brackets) in the form libcurl writes it: inet_ntop's. */
+bool canonical_ipv6(const char *h, std::size_t n) {
+    char text[64], back[64];
+    in6_addr a;
+    if (n == 0 || n >= sizeof text) return false;
+    std::memcpy(text, h, n);
+    text[n] = '\0';
+    return inet_pton(AF_INET6, text, &a) == 1 && inet_ntop(AF_INET6, &a, back, sizeof back) != nullptr &&
+           std::strcmp(text, back) == 0;
 }
 
 } // namespace
@@ -34,12 +72,8 @@ bool parse_plain_http_url(const char *url, PlainUrl &out) noexcept {
         const char *close = static_cast<const char *>(std::memchr(url + pos, ']', end - pos));
         if (close == nullptr) return false;
         host_end = static_cast<std::size_t>(close - url) + 1;
-        for (std::size_t i = pos + 1; i + 1 < host_end; i++) {
-            char c = url[i];
-            bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-            if (!hex && c != ':' && c != '.') return false; /* a zone ("%25eth0") or anything else */
-        }
-        if (host_end - pos < 4) return false; /* "[::]" at least */
+        /* a zone ("%25eth0"), upper case, leading zeros, "::" not where inet_ntop puts it: libcurl's */
+        if (!canonical_ipv6(url + pos + 1, host_end - pos - 2)) return false;
     } else {
         host_end = pos;
         while (host_end < end && url[host_end] != ':') {
@@ -50,6 +84,7 @@ bool parse_plain_http_url(const char *url, PlainUrl &out) noexcept {
             host_end++;
         }
         if (host_end == pos || host_end - pos > 253) return false;
+        if (noncanonical_ipv4(url + pos, host_end - pos)) return false;
     }
     unsigned long port = 80;
     if (host_end < end) {
@@ -313,8 +348,18 @@ bool ResponseParser::header_line(const char *line, std::size_t len) noexcept {
         return false;
     }
     if (ascii_is_ows(colon[-1])) {
-        fail("the response has white space between a header name and its colon");
-        return false;
+        /*
+         * libcurl reads "Name : v" as a header of another name and goes on;
+         * so do we, but for the framing: which length counts is then
+         * uncertain, and a response whose end is uncertain is an error.
+         */
+        std::size_t n = static_cast<std::size_t>(colon - line);
+        while (n > 0 && ascii_is_ows(line[n - 1])) n--;
+        if (ascii_iequals(line, n, "content-length") || ascii_iequals(line, n, "transfer-encoding")) {
+            fail("the response has white space between a framing header's name and its colon");
+            return false;
+        }
+        return true;
     }
     std::size_t nlen = static_cast<std::size_t>(colon - line);
     return header_field(line, nlen, colon + 1, len - nlen - 1);

@@ -60,7 +60,8 @@ const char *write_post(std::string &out, const std::string &target, const std::s
 /*
  * An http:// URL simple enough to be sent without libcurl's URL handling:
  * scheme http (any case), a host of letters, digits, '.', '-' and '_' or an
- * IPv6 literal without a zone, an optional port 1-65535, and a path and
+ * IPv6 literal without a zone (IP literals only in the form libcurl
+ * writes them: "127.0.0.1", "[::1]"), an optional port 1-65535, and a path and
  * query of visible ASCII without a dot segment ("/./", "/../", which
  * libcurl removes), user information, a fragment or a percent sign in the
  * host.  Anything else (https, credentials, unusual forms) returns false

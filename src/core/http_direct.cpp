@@ -185,6 +185,8 @@ bool HttpEngine::start_connect(Exchange *x) noexcept {
     }
     connecting_++;
     x->connecting = t;
+    /* the filter that checks this connect's address is the one of now, whatever changes before it ends */
+    x->connect_generation = generation_;
     return true;
 }
 
@@ -200,6 +202,8 @@ void HttpEngine::connected(Transfer *t, int code, long os_errno) noexcept {
             err = EBADF;
         else if ((fd = ::fcntl(static_cast<int>(s), F_DUPFD_CLOEXEC, 0)) < 0)
             err = errno;
+        else
+            ::epoll_ctl(epfd_, EPOLL_CTL_DEL, static_cast<int>(s), nullptr); /* the duplicate must not inherit it */
     } else {
         engine_detail::describe_failure(t, static_cast<CURLcode>(code), nullptr, os_errno, x->result);
     }
@@ -233,7 +237,7 @@ void HttpEngine::connected(Transfer *t, int code, long os_errno) noexcept {
         return;
     }
     c->fd = fd;
-    c->generation = generation_;
+    c->generation = x->connect_generation;
     c->ex = x;
     x->conn = c;
     own_opened_++;
@@ -376,7 +380,11 @@ void HttpEngine::fail(Exchange *x, int code, const char *text, int err) noexcept
     finish(x);
 }
 
-/* Sends x again on a fresh connection (its reused one died); false if no connect could start. */
+/*
+ * Sends x again on a fresh connection (its reused one died).  Always takes
+ * the exchange over: when no connect can start, that is this process's
+ * failure (out of memory, libcurl refusing a handle), reported as local.
+ */
 bool HttpEngine::resend_fresh(Exchange *x) noexcept {
     x->retried = true;
     x->reused = false;
@@ -384,7 +392,12 @@ bool HttpEngine::resend_fresh(Exchange *x) noexcept {
     x->conn = nullptr;
     x->sent = 0;
     clear_response(x);
-    return start_connect(x);
+    if (!start_connect(x)) {
+        char msg[200];
+        std::snprintf(msg, sizeof msg, "could not open a new connection: %s", last_error_.c_str());
+        fail(x, CURLE_OUT_OF_MEMORY, msg, ENOMEM);
+    }
+    return true;
 }
 
 void HttpEngine::finish(Exchange *x) noexcept {
@@ -447,7 +460,7 @@ void HttpEngine::close_conn(Conn *c) noexcept {
 
 void HttpEngine::pool_conn(Conn *c) noexcept {
     c->ex = nullptr;
-    if (max_connections_ > 0 && pooled_ >= static_cast<std::size_t>(max_connections_)) {
+    if (pooled_ >= own_pool_cap()) {
         close_conn(c);
         return;
     }
@@ -476,6 +489,17 @@ HttpEngine::Conn *HttpEngine::take_pooled(const std::string &key) noexcept {
         return c;
     }
     return nullptr;
+}
+
+/*
+ * The idle connections this pool may keep: max_connections_ (libcurl's
+ * default of 256 when not positive), half of it once libcurl transfers
+ * have run too, libcurl's pool keeping the other half: together never more
+ * than the caller's budget.
+ */
+std::size_t HttpEngine::own_pool_cap() const noexcept {
+    std::size_t n = max_connections_ > 0 ? static_cast<std::size_t>(max_connections_) : 256;
+    return curl_transfers_seen_ ? n / 2 : n;
 }
 
 void HttpEngine::trim_pool(std::size_t keep) noexcept {

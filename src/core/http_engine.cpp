@@ -278,6 +278,7 @@ bool HttpEngine::setup_multi() noexcept {
     curl_multi_setopt(multi_, CURLMOPT_TIMERFUNCTION, od_curl_timer_cb);
     curl_multi_setopt(multi_, CURLMOPT_TIMERDATA, this);
     curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, max_connections_);
+    if (curl_transfers_seen_) apply_pool_caps();
     return true;
 }
 
@@ -313,6 +314,10 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
     if (own_http1_ && !(options && options->proxy && *options->proxy)) {
         if (const http1::PlainUrl *u = plain_url(url))
             return submit_own(tag, *u, url, body, body_len, header_lines, timeout_ms, keep_body);
+    }
+    if (!curl_transfers_seen_ && own_http1_) {
+        curl_transfers_seen_ = true;
+        apply_pool_caps();
     }
     Transfer *t = take_transfer(tag, options);
     if (!t) return false;
@@ -650,8 +655,15 @@ void HttpEngine::abort_all() noexcept {
 
 void HttpEngine::set_max_connections(long n) noexcept {
     max_connections_ = n;
-    if (multi_) curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, n);
-    if (n > 0) trim_pool(static_cast<std::size_t>(n));
+    apply_pool_caps();
+}
+
+/* libcurl's pool gets what the own one does not (own_pool_cap()). */
+void HttpEngine::apply_pool_caps() noexcept {
+    long own = static_cast<long>(own_pool_cap());
+    long n = max_connections_ > 0 ? max_connections_ : 256;
+    if (multi_) curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, own_http1_ && curl_transfers_seen_ ? n - own : max_connections_);
+    trim_pool(own_pool_cap());
 }
 
 } // namespace od

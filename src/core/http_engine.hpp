@@ -239,6 +239,8 @@ class HttpEngine {
     Conn *take_pooled(const std::string &key) noexcept;
     void close_pooled() noexcept;
     void trim_pool(std::size_t keep) noexcept;
+    std::size_t own_pool_cap() const noexcept;
+    void apply_pool_caps() noexcept;
     void expire_own() noexcept;
     int64_t own_deadline_us() const noexcept;
     void abort_own() noexcept;
@@ -262,6 +264,7 @@ class HttpEngine {
     bool retire_pool_ = false; /* the filter changed: the pool's connections predate it */
 
     bool own_http1_ = true;
+    bool curl_transfers_seen_ = false; /* the two pools share max_connections_ from then on */
     std::size_t connecting_ = 0;        /* transfers in running_ that are connects for exchanges */
     std::vector<Exchange *> exchanges_; /* in flight (Exchange::slot is the index) */
     std::vector<Exchange *> spare_exchanges_;

@@ -66,6 +66,7 @@ struct HttpEngine::Exchange {
     http1::ResponseParser parser;
     Conn *conn = nullptr;
     Transfer *connecting = nullptr; /* libcurl's connect, while there is no conn */
+    uint64_t connect_generation = 0; /* the address filter's generation when that connect started */
     int64_t start_us = 0;
     int64_t deadline_us = 0;
     long timeout_ms = 0;

@@ -110,6 +110,8 @@ TEST(Http1Url, PlainHttpUrlsAreSplitAsLibcurlSendsThem) {
     EXPECT_EQ(u.key, "[::1]:9000");
     EXPECT_EQ(u.host_header, "[::1]:9000");
     EXPECT_EQ(u.target, "/.well-known/x");
+    ASSERT_TRUE(od::http1::parse_plain_http_url("http://1e100.net/", u)); // a name, not a number
+    EXPECT_EQ(u.host_header, "1e100.net");
 }
 
 TEST(Http1Url, AnythingUnusualIsLeftToLibcurl) {
@@ -118,7 +120,10 @@ TEST(Http1Url, AnythingUnusualIsLeftToLibcurl) {
          {"https://h/", "ftp://h/", "http://", "http:///x", "http://u:p@h/", "http://h/a#f", "http://h/a b",
           "http://h/./a", "http://h/a/..", "http://h/a/../b", "http://h%41/", "http://h:0/", "http://h:65536/",
           "http://h:/", "http://h:8x/", "http://[::1%25eth0]/", "http://[::1/", "http://[]/", "http://h\\x/",
-          "http://h/\x01", "http://h/\xc3\xa9"}) {
+          "http://h/\x01", "http://h/\xc3\xa9",
+          // IP literals libcurl writes in another form (Host: 127.0.0.1, [::1])
+          "http://127.1/", "http://0x7f.0.0.1/", "http://2130706433/", "http://0177.0.0.1/", "http://1.2.3.4.5/",
+          "http://[0:0:0:0:0:0:0:1]/", "http://[::0001]/", "http://[::ABCD]/"}) {
         EXPECT_FALSE(od::http1::parse_plain_http_url(url, u)) << url;
     }
     EXPECT_FALSE(od::http1::parse_plain_http_url(nullptr, u));
@@ -291,6 +296,12 @@ TEST(Http1Parse, ChunkedDuplicateAndWellFormedCasesStillParse) {
               &body, 3),
         Result::kDone);
     EXPECT_EQ(body, "abcdefghijklmnopqrstuvwxyz");
+    // white space before the colon of a header that is not framing: read past, as libcurl does
+    EXPECT_EQ(parse(p, "HTTP/1.1 200 OK\r\nX-A : b\r\nContent-Length: 2\r\n\r\nok", &body), Result::kDone);
+    EXPECT_EQ(p.status(), 200);
+    EXPECT_EQ(body, "ok");
+    EXPECT_EQ(parse(p, "HTTP/1.1 200 OK\r\nTransfer-Encoding\t: chunked\r\nContent-Length: 2\r\n\r\nok", &body),
+              Result::kError);
 }
 
 TEST(Http1Parse, HeaderSectionAndChunkLinesAreBounded) {

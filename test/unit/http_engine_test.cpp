@@ -40,7 +40,8 @@ namespace {
 // proxy that would forward and answer).
 class LoopbackServer {
   public:
-    LoopbackServer() {
+    // backlog 0 and accepting false: connects beyond the first ones stay pending until start_accepting()
+    explicit LoopbackServer(int backlog = 64, bool accepting = true) : accepting_(accepting) {
         listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
         int one = 1;
         ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -49,7 +50,7 @@ class LoopbackServer {
         addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         addr.sin_port = 0;
         ::bind(listen_fd_, reinterpret_cast<sockaddr *>(&addr), sizeof addr);
-        ::listen(listen_fd_, 64);
+        ::listen(listen_fd_, backlog);
         socklen_t len = sizeof addr;
         ::getsockname(listen_fd_, reinterpret_cast<sockaddr *>(&addr), &len);
         port_ = ntohs(addr.sin_port);
@@ -65,6 +66,8 @@ class LoopbackServer {
         for (auto &t : workers_) t.join();
     }
     std::string url(const std::string &path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
+    void start_accepting() { accepting_ = true; }
+    int port() const { return port_; }
     int connections() const { return accepted_.load(); }
     int open_connections() const { return open_.load(); } // accepted, not yet closed
     int max_concurrent() const { return max_active_.load(); }
@@ -76,6 +79,10 @@ class LoopbackServer {
   private:
     void accept_loop() {
         while (!stop_) {
+            if (!accepting_) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                continue;
+            }
             int fd = ::accept(listen_fd_, nullptr, nullptr);
             if (fd < 0) return;
             accepted_++;
@@ -226,6 +233,7 @@ class LoopbackServer {
     int listen_fd_ = -1;
     int port_ = 0;
     std::atomic<bool> stop_{false};
+    std::atomic<bool> accepting_{true};
     std::atomic<int> accepted_{0};
     std::atomic<int> open_{0};
     std::atomic<int> active_{0}; // requests being answered right now
@@ -485,6 +493,40 @@ TEST_P(HttpEngineTest, AResponseDelimitedByTheCloseIsCompleteAndNotReused) {
         EXPECT_EQ(std::string(done[0].body, done[0].body_len), "body");
     }
     EXPECT_EQ(server.connections(), 2);
+}
+
+// A connect whose address was checked under the old egress lists, ending
+// after they changed: its connection serves that one request and is not
+// kept (the next request connects anew, under the new lists, and is refused).
+TEST_P(HttpEngineTest, AConnectPendingAcrossAFilterChangeIsNotPooled) {
+    LoopbackServer slow(0, false);
+    std::vector<int> fillers; // fill the accept queue: the engine's connect then waits
+    for (int i = 0; i < 2; i++) {
+        int f = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(static_cast<uint16_t>(slow.port()));
+        ::connect(f, reinterpret_cast<sockaddr *>(&a), sizeof a);
+        fillers.push_back(f);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::string url = slow.url("/ok");
+    ASSERT_TRUE(engine.submit(1, url.c_str(), "{}", 2, {}, 8000));
+    for (int i = 0; i < 5; i++) engine.wait(10); // the socket is opened (and its address allowed) now
+    ASSERT_EQ(slow.connections(), 0) << "the connect was not held back";
+    od::AddressFilter deny;
+    ASSERT_EQ(od::parse_networks("127.0.0.0/8", deny.denied), nullptr);
+    engine.set_address_filter(deny);
+    for (int f : fillers) ::close(f);
+    slow.start_accepting();
+    auto done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    ASSERT_TRUE(engine.submit(2, url.c_str(), "{}", 2, {}, 3000));
+    done = run_until(engine, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, 0) << "a request under the new lists reached a denied address over a kept connection";
+    EXPECT_NE(std::string(done[0].error).find("refused by the dispatcher"), std::string::npos) << done[0].error;
 }
 
 // The two transports put the same request on the wire (header order aside).
