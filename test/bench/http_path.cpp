@@ -1,22 +1,25 @@
 // http_path.cpp — the dispatcher's HTTP path alone (src/core: request
-// headers, signing, the libcurl engine), without PostgreSQL: N deliveries
+// headers, signing, the HTTP engine), without PostgreSQL: N deliveries
 // through one od::Dispatcher, batch messages at a time, against the URL
 // given (test/bench/http_path_bench.sh starts an nginx answering 200).
+//
+// MODE "engine" is the engine as the workers use it (an http:// URL: its
+// own HTTP/1.1 transport, http_direct.cpp); MODE "curl" the same engine with
+// every request a libcurl transfer (HttpEngineOptions::own_http1 = false).
 //
 // MODE "framing" sends the same deliveries (the same header lines, built
 // and signed by src/core/request.cpp) without libcurl: each request written
 // by od::http1::write_post and sent with one send() over batch keep-alive
 // connections opened first, each answer read with recv() into
 // od::http1::ResponseParser.  No resolution, connection management or
-// timeouts: the floor a transport of our own would start from, measured
-// the same way.
+// timeouts: the floor of the engine's own transport, measured the same way.
 //
 // Prints requests/s and this process's CPU per request (user + system,
 // getrusage); run under `valgrind --tool=callgrind` (the script's
 // CALLGRIND=1) for instructions per request, which do not depend on what
 // else the machine is doing.
 //
-// Usage: http_path URL [N [BATCH [MODE]]]     MODE: curl (default) or framing
+// Usage: http_path URL [N [BATCH [MODE]]]     MODE: engine (default), curl or framing
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -141,20 +144,21 @@ long run_framing(const std::string &url, long n, long batch, const std::vector<s
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: %s URL [N [BATCH [curl|framing]]]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s URL [N [BATCH [engine|curl|framing]]]\n", argv[0]);
         return 2;
     }
     const std::string url = argv[1];
     const long n = argc > 2 ? std::atol(argv[2]) : 20000;
     const long batch = argc > 3 ? std::atol(argv[3]) : 100;
-    const std::string mode = argc > 4 ? argv[4] : "curl";
-    if (n < 1 || batch < 1 || (mode != "curl" && mode != "framing")) {
-        std::fprintf(stderr, "usage: %s URL [N [BATCH [curl|framing]]]\n", argv[0]);
+    const std::string mode = argc > 4 ? argv[4] : "engine";
+    if (n < 1 || batch < 1 || (mode != "engine" && mode != "curl" && mode != "framing")) {
+        std::fprintf(stderr, "usage: %s URL [N [BATCH [engine|curl|framing]]]\n", argv[0]);
         return 2;
     }
 
     od::Dispatcher d;
     od::HttpEngineOptions opts;
+    opts.own_http1 = mode != "curl";
     if (!d.init(opts, 1)) {
         std::fprintf(stderr, "init: %s\n", d.last_error());
         return 1;

@@ -6,10 +6,12 @@
 # `return 200` over keep-alive on loopback, and runs RUNS (3) times
 # N (20,000) signed deliveries of ~250 bytes, BATCH (100) at a time,
 # printing requests/s and CPU microseconds per request of the sending
-# process; each run once through libcurl (the engine the workers use) and
-# once as MODE framing (the same requests written and read by
-# src/core/http1.cpp over plain sockets, without libcurl: the floor of a
-# transport of our own).  CALLGRIND=1 adds one run of each under valgrind
+# process; each run once through the engine as the workers use it (MODE
+# engine: plain http:// over its own HTTP/1.1 transport), once through the
+# engine with every request a libcurl transfer (MODE curl: what https://
+# and proxied requests cost) and once as MODE framing (the same requests
+# written and read by src/core/http1.cpp over plain sockets opened first:
+# the floor of the own transport).  CALLGRIND=1 adds one run of each under valgrind
 # --tool=callgrind (N_CALLGRIND, 5,000 deliveries): instructions per
 # request, which other work on the machine does not move, and the top
 # functions.
@@ -43,12 +45,12 @@ start_nginx "$WORK" "$PORT"
 
 echo "http_path: $N signed deliveries, batch $BATCH, $(nproc) cores, $(curl-config --version 2>/dev/null || echo libcurl)"
 for i in $(seq "$RUNS"); do
-    for mode in curl framing; do
+    for mode in engine curl framing; do
         "$WORK/http_path" "http://127.0.0.1:$PORT/hook" "$N" "$BATCH" "$mode"
     done
 done
 if [ "${CALLGRIND:-0}" = 1 ]; then
-    for mode in curl framing; do
+    for mode in engine curl framing; do
         valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.$mode.out" "$WORK/http_path" \
             "http://127.0.0.1:$PORT/hook" "$N_CALLGRIND" "$BATCH" "$mode" 2>"$WORK/cg.$mode.log" | sed 's/^/callgrind run: /'
         total=$(sed -n 's/^==[0-9]*== Collected : //p' "$WORK/cg.$mode.log")
