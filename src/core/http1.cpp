@@ -19,10 +19,6 @@ bool has_line_break(const char *s, std::size_t len) {
     return std::memchr(s, '\r', len) != nullptr || std::memchr(s, '\n', len) != nullptr;
 }
 
-} // namespace
-
-namespace {
-
 /*
  * An IPv4 literal libcurl would write differently ("127.1", "0x7f.0.0.1",
  * "2130706433", "0177.0.0.1": it normalizes every numeric form to a dotted

@@ -146,10 +146,7 @@ bool HttpEngine::submit_own(uint64_t tag, const http1::PlainUrl &u, const char *
         return true;
     }
     if (!start_connect(x)) {
-        exchanges_[x->slot] = exchanges_.back();
-        exchanges_[x->slot]->slot = x->slot;
-        exchanges_.pop_back();
-        own_deadline_stale_ = true;
+        unlist(x);
         recycle(x);
         return false;
     }
@@ -208,10 +205,7 @@ void HttpEngine::connected(Transfer *t, int code, long os_errno) noexcept {
         engine_detail::describe_failure(t, static_cast<CURLcode>(code), nullptr, os_errno, x->result);
     }
     curl_multi_remove_handle(multi_, t->easy); /* closes libcurl's descriptor of a connect-only handle */
-    if (os_errno != 0)
-        destroy(t);
-    else
-        release(t);
+    retire_transfer(t, os_errno);
     if (code != CURLE_OK) {
         finish(x);
         return;
@@ -409,11 +403,16 @@ void HttpEngine::finish(Exchange *x) noexcept {
     } catch (...) {
         /* cannot report it: the lease will expire and the message be retried */
     }
+    unlist(x);
+    recycle(x);
+}
+
+/* Takes x out of exchanges_ (the last one moves to its slot). */
+void HttpEngine::unlist(Exchange *x) noexcept {
     exchanges_[x->slot] = exchanges_.back();
     exchanges_[x->slot]->slot = x->slot;
     exchanges_.pop_back();
     if (x->deadline_us <= own_deadline_) own_deadline_stale_ = true;
-    recycle(x);
 }
 
 void HttpEngine::recycle(Exchange *x) noexcept {
@@ -492,13 +491,12 @@ HttpEngine::Conn *HttpEngine::take_pooled(const std::string &key) noexcept {
 }
 
 /*
- * The idle connections this pool may keep: max_connections_ (libcurl's
- * default of 256 when not positive), half of it once libcurl transfers
- * have run too, libcurl's pool keeping the other half: together never more
+ * The idle connections this pool may keep: pool_budget(), half of it
+ * once libcurl transfers have run too, libcurl's pool keeping the other half: together never more
  * than the caller's budget.
  */
 std::size_t HttpEngine::own_pool_cap() const noexcept {
-    std::size_t n = max_connections_ > 0 ? static_cast<std::size_t>(max_connections_) : 256;
+    std::size_t n = static_cast<std::size_t>(pool_budget());
     return curl_transfers_seen_ ? n / 2 : n;
 }
 

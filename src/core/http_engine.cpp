@@ -171,7 +171,7 @@ int64_t steady_us() noexcept {
         .count();
 }
 
-bool take_body_bytes(HttpCompletion &r, std::size_t &seen, bool &overflow, std::size_t keep_body, std::string &kept,
+bool take_body_bytes(HttpCompletion &r, std::size_t &seen, bool &overflow, std::size_t &keep_body, std::string &kept,
                      const char *data, std::size_t n) noexcept {
     if (r.body_len < kBodyCap) {
         std::size_t take = std::min(n, kBodyCap - r.body_len);
@@ -182,7 +182,7 @@ bool take_body_bytes(HttpCompletion &r, std::size_t &seen, bool &overflow, std::
         try {
             kept.append(data, std::min(n, keep_body - kept.size()));
         } catch (...) {
-            /* out of memory: what was kept stays, cut short */
+            keep_body = 0; /* out of memory: what was kept stays, cut short (never with a gap) */
         }
     }
     seen += n;
@@ -277,8 +277,7 @@ bool HttpEngine::setup_multi() noexcept {
     curl_multi_setopt(multi_, CURLMOPT_SOCKETDATA, this);
     curl_multi_setopt(multi_, CURLMOPT_TIMERFUNCTION, od_curl_timer_cb);
     curl_multi_setopt(multi_, CURLMOPT_TIMERDATA, this);
-    curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, max_connections_);
-    if (curl_transfers_seen_) apply_pool_caps();
+    apply_pool_caps(); /* CURLMOPT_MAXCONNECTS */
     return true;
 }
 
@@ -458,6 +457,14 @@ void HttpEngine::set_common_options(Transfer *t, long timeout_ms) noexcept {
     curl_easy_setopt(e, CURLOPT_PRIVATE, t);
 }
 
+/* A finished easy handle: destroyed if it recorded an errno (its CURLINFO_OS_ERRNO would outlive this transfer), else pooled. */
+void HttpEngine::retire_transfer(Transfer *t, long os_errno) noexcept {
+    if (os_errno != 0)
+        destroy(t);
+    else
+        release(t);
+}
+
 void HttpEngine::destroy(Transfer *t) noexcept {
     if (t->headers) curl_slist_free_all(t->headers);
     curl_easy_cleanup(t->easy);
@@ -615,10 +622,7 @@ void HttpEngine::collect() noexcept {
         } catch (...) {
             /* cannot report it: the lease will expire and the message be retried */
         }
-        if (os_errno != 0)
-            destroy(t); /* its CURLINFO_OS_ERRNO would outlive this transfer */
-        else
-            release(t);
+        retire_transfer(t, os_errno);
     }
 }
 
@@ -660,10 +664,10 @@ void HttpEngine::set_max_connections(long n) noexcept {
 
 /* libcurl's pool gets what the own one does not (own_pool_cap()). */
 void HttpEngine::apply_pool_caps() noexcept {
-    long own = static_cast<long>(own_pool_cap());
-    long n = max_connections_ > 0 ? max_connections_ : 256;
-    if (multi_) curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, own_http1_ && curl_transfers_seen_ ? n - own : max_connections_);
-    trim_pool(own_pool_cap());
+    std::size_t own = own_pool_cap();
+    long curl = curl_transfers_seen_ ? pool_budget() - static_cast<long>(own) : max_connections_;
+    if (multi_) curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, curl);
+    trim_pool(own);
 }
 
 } // namespace od

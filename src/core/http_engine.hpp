@@ -214,6 +214,7 @@ class HttpEngine {
     void on_socket(int fd, int ev_bitmask) noexcept;
     void release(Transfer *t) noexcept;
     void destroy(Transfer *t) noexcept;
+    void retire_transfer(Transfer *t, long os_errno) noexcept;
     bool setup_multi() noexcept;
     Transfer *take_transfer(uint64_t tag, const TransferOptions *options) noexcept;
     void set_common_options(Transfer *t, long timeout_ms) noexcept;
@@ -232,6 +233,7 @@ class HttpEngine {
     bool resend_fresh(Exchange *x) noexcept;
     void finish(Exchange *x) noexcept;
     void recycle(Exchange *x) noexcept;
+    void unlist(Exchange *x) noexcept;
     void timed_out(Exchange *x) noexcept;
     void response_error(Exchange *x, bool at_eof) noexcept;
     void close_conn(Conn *c) noexcept;
@@ -240,6 +242,8 @@ class HttpEngine {
     void close_pooled() noexcept;
     void trim_pool(std::size_t keep) noexcept;
     std::size_t own_pool_cap() const noexcept;
+    /* max_connections_, or libcurl's default of 256 when it is not positive */
+    long pool_budget() const noexcept { return max_connections_ > 0 ? max_connections_ : 256; }
     void apply_pool_caps() noexcept;
     void expire_own() noexcept;
     int64_t own_deadline_us() const noexcept;

@@ -96,9 +96,10 @@ void redact(char *text, std::size_t cap, const std::string &secret) noexcept;
 
 /*
  * Body bytes of a response: the first kBodyCap into r.body, up to keep_body
- * into kept; false once more than kBodyAbort arrived (*overflow set).
+ * into kept (keep_body becomes 0 when memory runs out); false once more
+ * than kBodyAbort arrived (overflow set).
  */
-bool take_body_bytes(HttpCompletion &r, std::size_t &seen, bool &overflow, std::size_t keep_body, std::string &kept,
+bool take_body_bytes(HttpCompletion &r, std::size_t &seen, bool &overflow, std::size_t &keep_body, std::string &kept,
                      const char *data, std::size_t n) noexcept;
 
 /* The completion of a transfer (or connect) libcurl ended with code; why overrides libcurl's text. */
