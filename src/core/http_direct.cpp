@@ -260,7 +260,8 @@ bool HttpEngine::watch(Conn *c, uint32_t events) noexcept {
 bool HttpEngine::send_more(Exchange *x) noexcept {
     Conn *c = x->conn;
     while (x->sent < x->request.size()) {
-        ssize_t n = ::send(c->fd, x->request.data() + x->sent, x->request.size() - x->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n =
+            ::send(c->fd, x->request.data() + x->sent, x->request.size() - x->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             x->sent += static_cast<std::size_t>(n);
             continue;
@@ -347,10 +348,7 @@ void HttpEngine::complete(Exchange *x, bool at_eof) noexcept {
     HttpCompletion &r = x->result;
     r.curl_code = 0;
     r.status = p.status();
-    const std::string &ra = p.retry_after();
-    r.retry_after_len = std::min(ra.size(), sizeof r.retry_after - 1);
-    std::memcpy(r.retry_after, ra.data(), r.retry_after_len);
-    r.retry_after[r.retry_after_len] = '\0';
+    engine_detail::set_retry_after(r, p.retry_after().data(), p.retry_after().size());
     Conn *c = x->conn;
     x->conn = nullptr;
     if (!at_eof && p.keep_alive() && x->sent == x->request.size() && c->generation == generation_)

@@ -49,7 +49,6 @@
 
 namespace od {
 
-
 namespace {
 
 extern "C" int od_curl_socket_cb(CURL *, curl_socket_t fd, int what, void *userp, void *socketp) {
@@ -100,22 +99,12 @@ extern "C" size_t od_curl_header_cb(char *ptr, size_t size, size_t nitems, void 
         return n;
     }
     static const char kName[] = "retry-after:";
-    const size_t kLen = sizeof(kName) - 1;
-    if (n > kLen) {
-        bool match = true;
-        for (size_t i = 0; i < kLen && match; i++) {
-            match = (ascii_lower(ptr[i]) == kName[i]);
-        }
-        if (match) {
-            const char *v = ptr + kLen;
-            const char *end = ptr + n;
-            while (v < end && (*v == ' ' || *v == '\t')) v++;
-            while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t')) end--;
-            size_t len = std::min(static_cast<size_t>(end - v), sizeof(t->result.retry_after) - 1);
-            std::memcpy(t->result.retry_after, v, len);
-            t->result.retry_after[len] = '\0';
-            t->result.retry_after_len = len;
-        }
+    if (n > sizeof kName - 1 && ascii_istarts(ptr, n, kName)) {
+        const char *v = ptr + (sizeof kName - 1);
+        size_t len = n - (sizeof kName - 1);
+        while (len > 0 && (v[len - 1] == '\r' || v[len - 1] == '\n')) len--;
+        ascii_trim_ows(v, len);
+        engine_detail::set_retry_after(t->result, v, len);
     }
     return n;
 }
@@ -159,7 +148,8 @@ void redact(char *text, std::size_t cap, const std::string &secret) noexcept {
     try {
         std::string s(text);
         bool changed = false;
-        for (std::size_t at; (at = s.find(secret)) != std::string::npos; changed = true) s.replace(at, secret.size(), "<proxy>");
+        for (std::size_t at; (at = s.find(secret)) != std::string::npos; changed = true)
+            s.replace(at, secret.size(), "<proxy>");
         if (changed) std::snprintf(text, cap, "%s", s.c_str());
     } catch (...) {
         std::snprintf(text, cap, "%s", "transport error (message withheld: it may quote the proxy URL)");
@@ -362,8 +352,7 @@ bool HttpEngine::submit(uint64_t tag, const char *url, const char *body, std::si
             /* blobs are copied by libcurl; connections are reused only for the same certificate */
             curl_blob cert{const_cast<char *>(options->client_cert->data()), options->client_cert->size(),
                            CURL_BLOB_COPY};
-            curl_blob key{const_cast<char *>(options->client_key->data()), options->client_key->size(),
-                          CURL_BLOB_COPY};
+            curl_blob key{const_cast<char *>(options->client_key->data()), options->client_key->size(), CURL_BLOB_COPY};
             curl_easy_setopt(e, CURLOPT_SSLCERT_BLOB, &cert);
             curl_easy_setopt(e, CURLOPT_SSLCERTTYPE, "PEM");
             curl_easy_setopt(e, CURLOPT_SSLKEY_BLOB, &key);
@@ -549,7 +538,8 @@ void HttpEngine::on_poll_ready() noexcept {
             continue;
         }
         /* a hang-up or error is read (libcurl then sees the end or the error) */
-        int bits = ((e & (EPOLLIN | EPOLLHUP | EPOLLERR)) ? CURL_CSELECT_IN : 0) | ((e & EPOLLOUT) ? CURL_CSELECT_OUT : 0);
+        int bits =
+            ((e & (EPOLLIN | EPOLLHUP | EPOLLERR)) ? CURL_CSELECT_IN : 0) | ((e & EPOLLOUT) ? CURL_CSELECT_OUT : 0);
         on_socket(evs[i].data.fd, bits);
     }
     /* more than 64 ready: the rest stay ready (level-triggered) and are seen at the next wait */

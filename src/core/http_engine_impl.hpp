@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "core/http1.hpp"
@@ -65,7 +66,7 @@ struct HttpEngine::Exchange {
     std::size_t sent = 0;
     http1::ResponseParser parser;
     Conn *conn = nullptr;
-    Transfer *connecting = nullptr; /* libcurl's connect, while there is no conn */
+    Transfer *connecting = nullptr;  /* libcurl's connect, while there is no conn */
     uint64_t connect_generation = 0; /* the address filter's generation when that connect started */
     int64_t start_us = 0;
     int64_t deadline_us = 0;
@@ -101,6 +102,13 @@ void redact(char *text, std::size_t cap, const std::string &secret) noexcept;
  */
 bool take_body_bytes(HttpCompletion &r, std::size_t &seen, bool &overflow, std::size_t &keep_body, std::string &kept,
                      const char *data, std::size_t n) noexcept;
+
+/* The response's Retry-After value, cut to what HttpCompletion holds (both transports). */
+inline void set_retry_after(HttpCompletion &r, const char *v, std::size_t len) noexcept {
+    r.retry_after_len = len < sizeof r.retry_after - 1 ? len : sizeof r.retry_after - 1;
+    std::memcpy(r.retry_after, v, r.retry_after_len);
+    r.retry_after[r.retry_after_len] = '\0';
+}
 
 /* The completion of a transfer (or connect) libcurl ended with code; why overrides libcurl's text. */
 void describe_failure(HttpEngine::Transfer *t, CURLcode code, const char *why, long os_errno,

@@ -197,14 +197,19 @@ class LoopbackServer {
                 // an OAuth token answer larger than the completion's body capture
                 const std::string b = "{\"access_token\":\"" + std::string(3000, 't') +
                                       "\",\"token_type\":\"Bearer\",\"expires_in\":3600}";
-                resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
-                       std::to_string(b.size()) + "\r\n\r\n" + b;
+                resp =
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(b.size()) +
+                    "\r\n\r\n" + b;
             } else if (path == "/unauthorized") {
                 resp = "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n";
             } else if (path == "/ok") {
                 resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
             } else if (path == "/busy") {
                 resp = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 7\r\nContent-Length: 4\r\n\r\nbusy";
+            } else if (path == "/busy-padded") {
+                // any letter case, white space around the value, longer than a completion holds
+                resp = "HTTP/1.1 429 Too Many Requests\r\nretry-AFTER: \t Wed, 21 Oct 2026 07:28:00 GMT" +
+                       std::string(60, 'x') + " \t\r\nContent-Length: 0\r\n\r\n";
             } else if (path == "/redirect") {
                 resp = "HTTP/1.1 302 Found\r\nLocation: /ok\r\nContent-Length: 0\r\n\r\n";
             } else if (path == "/slow") {
@@ -322,7 +327,8 @@ TEST_P(HttpEngineTest, PollDescriptorIgnoresIdlePooledConnections) {
     ASSERT_GE(fd, 0);
     std::vector<std::string> headers;
     for (int i = 0; i < 3; i++)
-        ASSERT_TRUE(engine.submit(static_cast<uint64_t>(i), server.url("/then-idle-close").c_str(), "{}", 2, headers, 5000));
+        ASSERT_TRUE(
+            engine.submit(static_cast<uint64_t>(i), server.url("/then-idle-close").c_str(), "{}", 2, headers, 5000));
     auto done = run_until(engine, 3);
     ASSERT_EQ(done.size(), 3u);
     for (const auto &c : done) EXPECT_EQ(c.status, 200);
@@ -348,17 +354,23 @@ TEST_P(HttpEngineTest, CapturesRetryAfterAndDoesNotFollowRedirects) {
     std::vector<std::string> headers;
     ASSERT_TRUE(engine.submit(1, server.url("/busy").c_str(), "{}", 2, headers, 5000));
     ASSERT_TRUE(engine.submit(2, server.url("/redirect").c_str(), "{}", 2, headers, 5000));
-    auto done = run_until(engine, 2);
-    ASSERT_EQ(done.size(), 2u);
+    ASSERT_TRUE(engine.submit(3, server.url("/busy-padded").c_str(), "{}", 2, headers, 5000));
+    auto done = run_until(engine, 3);
+    ASSERT_EQ(done.size(), 3u);
     for (const auto &c : done) {
         if (c.tag == 1) {
             EXPECT_EQ(c.status, 503);
             EXPECT_EQ(std::string(c.retry_after, c.retry_after_len), "7");
+        } else if (c.tag == 3) {
+            EXPECT_EQ(c.status, 429);
+            const std::string v = "Wed, 21 Oct 2026 07:28:00 GMT" + std::string(60, 'x');
+            EXPECT_EQ(std::string(c.retry_after, c.retry_after_len), v.substr(0, sizeof c.retry_after - 1));
+            EXPECT_EQ(std::strlen(c.retry_after), c.retry_after_len);
         } else {
             EXPECT_EQ(c.status, 302); // reported, not followed
         }
     }
-    EXPECT_EQ(server.requests().size(), 2u); // no request to /ok
+    EXPECT_EQ(server.requests().size(), 3u); // no request to /ok
 }
 
 TEST_P(HttpEngineTest, TimeoutIsATransportError) {
@@ -409,8 +421,9 @@ TEST_P(HttpEngineTest, EgressFilterChecksTheResolvedAddressAndRetiresThePool) {
     EXPECT_EQ(done[0].status, 0);
     EXPECT_NE(done[0].curl_code, 0);
     EXPECT_FALSE(done[0].local_failure);
-    EXPECT_NE(std::string(done[0].error).find("connection refused by the dispatcher: 127.0.0.1 is in "
-                                              "outbox_dispatcher.denied_networks"),
+    EXPECT_NE(std::string(done[0].error)
+                  .find("connection refused by the dispatcher: 127.0.0.1 is in "
+                        "outbox_dispatcher.denied_networks"),
               std::string::npos)
         << done[0].error;
     EXPECT_EQ(server.connections(), before); // nothing reached the server
@@ -635,9 +648,9 @@ TEST(Dispatcher, ClassifiesOutcomes) {
     EXPECT_EQ(by_id[6].latency_ms, -1);
 
     // what the attempt log records: the attempt sent, when it started, the raw answer
-    const int64_t now_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
+    const int64_t now_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     for (int i = 1; i <= 5; i++) {
         EXPECT_EQ(by_id[i].attempts, 1) << i;
         EXPECT_GT(by_id[i].started_unix_us, now_us - 60 * INT64_C(1000000)) << i;
@@ -1326,8 +1339,8 @@ TEST(DispatcherOAuth, TokenFetchedWholeThenA401IsSentAgainOnceWithANewerToken) {
     ASSERT_EQ(d.outcomes().size(), 1u);
     EXPECT_EQ(d.outcomes()[0].verdict, od::Verdict::Retry);
     EXPECT_FALSE(d.outcomes()[0].refund);
-    EXPECT_LT(d.outcomes()[0].latency_ms, 0);  // no request made: no latency statistic counts it
-    EXPECT_TRUE(d.outcomes()[0].unsent_endpoint_failure);  // but the breaker hears of it
+    EXPECT_LT(d.outcomes()[0].latency_ms, 0);             // no request made: no latency statistic counts it
+    EXPECT_TRUE(d.outcomes()[0].unsent_endpoint_failure); // but the breaker hears of it
     EXPECT_FALSE(d.outcomes()[0].local_failure);
     EXPECT_TRUE(d.outcomes()[0].counts_for_endpoint());
     EXPECT_STREQ(d.outcomes()[0].error, "not sent: no OAuth2 access token: token endpoint answered 503");
