@@ -10,7 +10,8 @@ of the runs) and writes results.json, results.md and plot.png into OUT.
 Scenarios (default settings unless the scenario is about a setting):
   fresh      drain 50,000 ~250-byte messages committed while the workers
              were paused; the workers prepared their plans on an empty table
-             (20 single messages delivered first).
+             (20 single messages delivered first).  Its log also breaks the
+             drain's WAL down by record type (pg_waldump --stats=record).
   backlog    the same with 100,000 messages.
   retained   the same 50,000 with 1,000,000 done rows retained (done within
              the retention window), VACUUM ANALYZE taken while no message was
@@ -71,6 +72,7 @@ extension's defaults); the HTTP endpoint is one nginx worker answering
 """
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -341,6 +343,34 @@ def wal_counters(c):
     return int(float(b)), int(fpi), int(rec)
 
 
+def wal_by_type(c, start_b, end_b, n):
+    """The WAL between two insert positions (bytes from 0/0) by record type, per message n:
+    {type: (records, bytes)} from pg_waldump --stats=record (full-page images included in the
+    bytes); {} if the segments are gone (a checkpoint recycled them)."""
+    lsn = lambda b: "%X/%X" % (b >> 32, b & 0xFFFFFFFF)
+    p = subprocess.run([PGBIN + "/pg_waldump", "-p", os.path.join(c.dir, "pg_wal"), "-s", lsn(start_b),
+                        "-e", lsn(end_b), "--stats=record"], capture_output=True, text=True)
+    out = {}
+    # type, records (%), record bytes (%), full-page image bytes (%), combined bytes (%)
+    row = re.compile(r"^(\S+/\S+)\s+(\d+)\s+\(\s*[\d.]+\)\s+\d+\s+\(\s*[\d.]+\)\s+\d+\s+\(\s*[\d.]+\)\s+(\d+)")
+    for line in p.stdout.splitlines():
+        m = row.match(line)
+        if m:
+            out[m.group(1)] = (int(m.group(2)) / n, int(m.group(3)) / n)
+    return out
+
+
+def log_wal_by_type(label, types):
+    """One line per record type that is at least 1 % of the bytes, largest first."""
+    total = sum(b for _, b in types.values())
+    if not total:
+        return
+    log("  %-10s WAL by record type, per delivered message (pg_waldump --stats=record):" % label)
+    for name, (recs, b) in sorted(types.items(), key=lambda kv: -kv[1][1]):
+        if b >= 0.01 * total:
+            log("             %-22s %5.2f records %5.0f B (%4.1f %%)" % (name, recs, b, 100.0 * b / total))
+
+
 def attempt_counters(c):
     """(rows, bytes) of outbox.attempts: every partition with its indexes."""
     r = c.sql("SELECT (SELECT count(*) FROM outbox.attempts),"
@@ -356,10 +386,11 @@ def insert_messages(c, n):
     return {"rows": n}
 
 
-def drain(c, n, label, produce=None):
+def drain(c, n, label, produce=None, by_type=False):
     """Fill the table while paused (after a CHECKPOINT), enable, time the drain.  The table gets n
     messages in one INSERT, or what produce(c) commits: it returns a dict whose "rows" is the number
-    of messages to deliver, merged into the result.  Figures are per delivered message."""
+    of messages to deliver, merged into the result.  Figures are per delivered message.  by_type:
+    also the drain's WAL by record type (logged, and in the result as "wal_by_type")."""
     c.sql("CHECKPOINT")
     w0 = wal_counters(c)
     made = produce(c) if produce else insert_messages(c, n)
@@ -408,16 +439,19 @@ def drain(c, n, label, produce=None):
         " worker CPU %.0f us/msg"
         % (label, res["msg_s"], res["drain_wal_b"], res["drain_fpi"], res["drain_wal_records"],
            res["updates_per_msg"], res["hot_pct"], res["worker_cpu_us"]))
+    if by_type:
+        res["wal_by_type"] = wal_by_type(c, w1[0], w2[0], n)
+        log_wal_by_type(label, res["wal_by_type"])
     if done != n:
         raise RuntimeError("%s: %d of %d done" % (label, done, n))
     return res
 
 
-def scenario_drain(n, label, workers=None, batch=None, extra=None):
+def scenario_drain(n, label, workers=None, batch=None, extra=None, by_type=False):
     c = new_dispatcher("drain", workers, batch, extra=extra)
     try:
         warm_plans(c)
-        return drain(c, n, label)
+        return drain(c, n, label, by_type=by_type)
     finally:
         c.destroy()
 
@@ -810,7 +844,7 @@ def main():
             add("calibration_s", calibration_seconds())
             add("flush_ms", flush_ms())
             if "fresh" in SCENARIOS:
-                r = scenario_drain(N_FRESH, "fresh")
+                r = scenario_drain(N_FRESH, "fresh", by_type=True)
                 add("fresh_msg_s", r["msg_s"])
                 for k in ("drain_wal_b", "drain_fpi", "insert_wal_b", "hot_pct", "updates_per_msg",
                           "drain_wal_records"):
