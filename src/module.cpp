@@ -106,6 +106,7 @@ od_shmem_startup(void)
         pg_atomic_init_u32(&od_shared->endpoints_unserved, 0);
         pg_atomic_init_u64(&od_shared->endpoints_generation, 0);
         pg_atomic_init_u64(&od_shared->last_claim_at, 0);
+        pg_atomic_init_u64(&od_shared->ordered_done, 0);
         pg_atomic_init_u64(&od_shared->lost_leases, 0);
         pg_atomic_init_u64(&od_shared->lease_check_at, 0); /* after a (re)start: check at once */
         for (int i = 0; i < OD_MAX_WORKERS; i++)

@@ -179,6 +179,9 @@ typedef struct OdShared
     pg_atomic_uint32 endpoints_unserved;   /* enabled endpoints the last refresh found no slot for */
     pg_atomic_uint64 endpoints_generation; /* bumped at the commit of every change of outbox.endpoints (0.3.0) */
     pg_atomic_uint64 last_claim_at;        /* TimestampTz of the workers' latest claim (claim spacing) */
+    pg_atomic_uint64 ordered_done;         /* bumped after the commit of every finalize that made an
+                                            * ordered message done: the workers' next claims read
+                                            * messages_ready from the first entry (core/ready_floor.hpp) */
     int              max_endpoints;        /* slots in od_endpoint_slots() */
     OdWorkerSlot     workers[OD_MAX_WORKERS];
     LWLock          *endpoint_lock; /* assigns and reclaims endpoint slots */

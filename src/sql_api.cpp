@@ -193,14 +193,17 @@ od_claim_v022_sql(PG_FUNCTION_ARGS)
 
         if (version != nullptr && od_schema_records_commit_order(od_schema_number(version)))
             flags |= OD_CLAIM_COMMIT_ORDER;
-        od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, -1, flags);
+        od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, nullptr, -1, flags);
     }
     oldcxt = MemoryContextSwitchTo(per_query);
     {
-        /* the claim returns the lease deadline too (the workers' fence); the SQL API returns OD_CLAIM_NATTS */
-        Datum values[OD_CLAIM_NATTS + 1];
-        bool  isnull[OD_CLAIM_NATTS + 1];
+        /* the claim returns the lease deadline and available_at too (for the workers): OD_CLAIM_NATTS here */
+        Datum values[OD_CLAIM_ALL_NATTS];
+        bool  isnull[OD_CLAIM_ALL_NATTS];
 
+        if (SPI_processed > 0 && SPI_tuptable->tupdesc->natts != OD_CLAIM_ALL_NATTS)
+            elog(ERROR, "outbox_dispatcher: the claim returned %d columns, not %d", SPI_tuptable->tupdesc->natts,
+                 OD_CLAIM_ALL_NATTS);
         for (uint64 i = 0; i < SPI_processed; i++)
         {
             heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, values, isnull);

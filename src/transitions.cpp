@@ -33,6 +33,11 @@
  *      breaker open or is at its limits gets no quota and is not scanned.
  *      The workers compute the quotas (breaker, cluster-wide max_in_flight,
  *      rate limit; endpoint_state.cpp) and rotate the order for fairness.
+ *      Each endpoint's arm reads from available_at >= its floor ($8; the
+ *      workers' per-endpoint floor, core/ready_floor.hpp; -infinity for
+ *      the SQL function): the entries of the rows claimed since the last
+ *      VACUUM, which no longer match but stay in messages_ready, are not
+ *      stepped over again by every claim.
  *      Without a lease check and with one endpoint alone having a quota
  *      (the common case), a lean statement with the same meaning claims
  *      its ready rows (SQL_CLAIM_ONE).
@@ -63,7 +68,9 @@
  * result, whatever the statistics say), and joined to the results by a hash
  * join (see "Plans" below).  A result whose row was not
  * updated lost its lease to a newer claim (or to the reaper): it is counted
- * in shared memory and logged; the newer owner's state stands.
+ * in shared memory and logged; the newer owner's state stands.  The
+ * RETURNING list also says which rows were ordered messages that became
+ * done: their successors may lie below the workers' floors.
  */
 #include "catalog.h"
 #include "transitions.h"
@@ -142,12 +149,14 @@ static const char *const SQL_NEXT_DEADLINE =
 
 #define SQL_CLAIM_QUOTA \
     "WITH quota AS (" \
-    "  SELECT q.endpoint, q.n, q.takeover, q.ord" \
-    "    FROM unnest($5::text[], $6::int[], $7::bool[]) WITH ORDINALITY AS q(endpoint, n, takeover, ord)" \
+    "  SELECT q.endpoint, q.n, q.takeover, q.from_at, q.ord" \
+    "    FROM unnest($5::text[], $6::int[], $7::bool[], $8::timestamptz[])" \
+    "         WITH ORDINALITY AS q(endpoint, n, takeover, from_at, ord)" \
     "   WHERE q.n >= 0" \
     "     AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = q.endpoint AND e.enabled)" \
     "  UNION ALL" \
-    "  SELECT e.name, $2, true, 0 FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
+    "  SELECT e.name, $2, true, '-infinity'::timestamptz, 0" \
+    "    FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
 
 #define SQL_CLAIM_EXPIRED_ARM(expired, max_m) \
     "  SELECT id FROM (SELECT m.id FROM outbox.messages AS m" \
@@ -173,10 +182,11 @@ static const char *const SQL_NEXT_DEADLINE =
     "      OR m.ordered_after > pg_snapshot_xmax(pg_current_snapshot()))"
 
 #define SQL_CLAIM_READY_ARM(commit_order, same_sequence) \
-    "  SELECT r.id FROM (SELECT endpoint, n FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q" \
+    "  SELECT r.id FROM (SELECT endpoint, n, from_at FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q" \
     "   CROSS JOIN LATERAL (" \
     "    SELECT m.id FROM outbox.messages AS m" \
-    "     WHERE m.endpoint = q.endpoint AND m.status = 'pending' AND m.available_at <= now()" \
+    "     WHERE m.endpoint = q.endpoint AND m.status = 'pending'" \
+    "       AND m.available_at >= q.from_at AND m.available_at <= now()" \
     "       AND (NOT m.ordered OR (NOT EXISTS (" \
     "             SELECT 1 FROM outbox.messages AS p" \
     "              WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
@@ -191,7 +201,7 @@ static const char *const SQL_NEXT_DEADLINE =
     "       lease_version = o.lease_version + 1, attempts = o.attempts + 1" \
     " WHERE o.id = ANY (ARRAY(SELECT id FROM picked)) " \
     "RETURNING o.id, o.lease_version, o.attempts, o.endpoint, o.aggregate_type, o.aggregate_id," \
-    "          o.event_type, o.payload, o.headers, o.ordered, o.created_at, o.lease_until"
+    "          o.event_type, o.payload, o.headers, o.ordered, o.created_at, o.lease_until, o.available_at"
 
 /*
  * [commit order][check]: [1][*] for schemas with messages.ordered_after
@@ -237,7 +247,7 @@ static const char *const SQL_CLAIM[2][2] = {
 #define SQL_CLAIM_ONE_TEXT(commit_order, same_sequence) \
     "WITH picked AS (" \
     "  SELECT m.id FROM outbox.messages AS m" \
-    "   WHERE m.endpoint = $5 AND m.status = 'pending' AND m.available_at <= now()" \
+    "   WHERE m.endpoint = $5 AND m.status = 'pending' AND m.available_at >= $7 AND m.available_at <= now()" \
     "     AND (NOT m.ordered OR (NOT EXISTS (" \
     "           SELECT 1 FROM outbox.messages AS p" \
     "            WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
@@ -281,7 +291,7 @@ static SPIPlanPtr plan_claim_one[2] = { nullptr, nullptr };
     "               unnest($7::bool[]) AS refund, unnest($9::timestamptz[]) AS lease_until) AS r" \
     " WHERE m.id = r.id AND m.lease_version = r.ver AND (m.status = 'processing') IS TRUE" \
     "   AND (r.lease_until IS NULL OR m.lease_until = r.lease_until) AND m.id = ANY ($1::bigint[]) " \
-    "RETURNING m.id"
+    "RETURNING m.id, m.ordered AND m.status = 'done'"
 
 /*
  * The same when every result is done (the usual batch): no status, delay
@@ -298,7 +308,7 @@ static const char *const SQL_FINALIZE_DONE =
     "               unnest($4::int[]) AS http_status, unnest($5::timestamptz[]) AS lease_until) AS r"
     " WHERE m.id = r.id AND m.lease_version = r.ver AND (m.status = 'processing') IS TRUE"
     "   AND (r.lease_until IS NULL OR m.lease_until = r.lease_until) AND m.id = ANY ($1::bigint[]) "
-    "RETURNING m.id";
+    "RETURNING m.id, m.ordered";
 
 /*
  * [0] before 0.3.0, [1] with messages.dead_at: when the row last became
@@ -516,18 +526,17 @@ note_lease_deadline(TimestampTz deadline)
 
 uint64
 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const char *const *endpoints,
-         const int *quotas, const bool *takeover, int n_endpoints, int flags)
+         const int *quotas, const bool *takeover, const TimestampTz *from_at, int n_endpoints, int flags)
 {
     static const Oid reap_types[2] = { INT4OID, INT4OID };
-    static const Oid claim_types[7] = {
-        TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID
-    };
-    static const Oid one_types[6] = { TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTOID, INT4OID };
+    static const Oid claim_types[8] = { TEXTOID,      INT4OID,      INTERVALOID,  INT4OID,
+                                         TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, TIMESTAMPTZARRAYOID };
+    static const Oid one_types[7] = { TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTOID, INT4OID, TIMESTAMPTZOID };
     const bool     check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
     const int      which = check ? 0 : 1;
     const int      order = (flags & OD_CLAIM_COMMIT_ORDER) != 0 ? 1 : 0;
-    Datum          args[7];
-    char           nulls[7] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
+    Datum          args[8];
+    char           nulls[8] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
     uint64         reaped = 0;
     int            rc;
     SPITupleTable *claimed;
@@ -550,9 +559,9 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
         if (quotas[k] > 0)
             one = one == -1 ? k : -2;
     if (one >= 0)
-        od_prepare_hot(&plan_claim_one[order], SQL_CLAIM_ONE[order], 6, one_types);
+        od_prepare_hot(&plan_claim_one[order], SQL_CLAIM_ONE[order], 7, one_types);
     else
-        od_prepare_hot(&plan_claim[order][which], SQL_CLAIM[order][which], 7, claim_types);
+        od_prepare_hot(&plan_claim[order][which], SQL_CLAIM[order][which], 8, claim_types);
 
     args[0] = CStringGetTextDatum(owner);
     args[1] = Int32GetDatum(batch);
@@ -561,29 +570,33 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
     if (n_endpoints < 0)
     {
         /* every enabled endpoint, up to batch each (the SQL function) */
-        nulls[4] = nulls[5] = nulls[6] = 'n';
-        args[4] = args[5] = args[6] = (Datum) 0;
+        nulls[4] = nulls[5] = nulls[6] = nulls[7] = 'n';
+        args[4] = args[5] = args[6] = args[7] = (Datum) 0;
     }
     else if (one >= 0)
     {
         args[4] = CStringGetTextDatum(endpoints[one]);
         args[5] = Int32GetDatum(quotas[one]);
+        args[6] = TimestampTzGetDatum(from_at ? from_at[one] : DT_NOBEGIN);
     }
     else
     {
         Datum *names = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
         Datum *ns = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
         Datum *tk = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
+        Datum *fa = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
 
         for (int i = 0; i < n_endpoints; i++)
         {
             names[i] = CStringGetTextDatum(endpoints[i]);
             ns[i] = Int32GetDatum(quotas[i]);
             tk[i] = BoolGetDatum(takeover == nullptr || takeover[i]);
+            fa[i] = TimestampTzGetDatum(from_at ? from_at[i] : DT_NOBEGIN);
         }
         args[4] = PointerGetDatum(od_build_array(names, nullptr, n_endpoints, TEXTOID));
         args[5] = PointerGetDatum(od_build_array(ns, nullptr, n_endpoints, INT4OID));
         args[6] = PointerGetDatum(od_build_array(tk, nullptr, n_endpoints, BOOLOID));
+        args[7] = PointerGetDatum(od_build_array(fa, nullptr, n_endpoints, TIMESTAMPTZOID));
     }
     rc = SPI_execute_plan(one >= 0 ? plan_claim_one[order] : plan_claim[order][which], args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)
@@ -657,7 +670,9 @@ od_finalize(OdFinalize *items, int n, int flags)
     Datum            error_arr, http_arr, until_arr;
     SPIPlanPtr       plan;
     int64           *applied_ids;
+    int64           *freed_ids; /* ordered messages that became done */
     int              napplied;
+    int              nfreed = 0;
     int              rc;
     static const OdPlanShape finalize_shapes[] = { { "enable_nestloop", "off" }, { "enable_hashjoin", "on" } };
     int              nest;
@@ -735,19 +750,24 @@ od_finalize(OdFinalize *items, int n, int flags)
 
     napplied = (int) SPI_processed;
     applied_ids = (int64 *) palloc(sizeof(int64) * (napplied + 1));
+    freed_ids = (int64 *) palloc(sizeof(int64) * (napplied + 1));
     for (int i = 0; i < napplied; i++)
     {
         bool isnull;
 
         applied_ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
+        if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull)) && !isnull)
+            freed_ids[nfreed++] = applied_ids[i];
     }
     qsort(applied_ids, napplied, sizeof(int64), cmp_int64);
+    qsort(freed_ids, nfreed, sizeof(int64), cmp_int64);
 
     for (int i = 0; i < n; i++)
     {
         OdFinalize *it = &items[i];
 
         it->applied = bsearch(&it->id, applied_ids, napplied, sizeof(int64), cmp_int64) != nullptr;
+        it->ordered_done = nfreed > 0 && bsearch(&it->id, freed_ids, nfreed, sizeof(int64), cmp_int64) != nullptr;
         if (!it->applied)
         {
             if (od_shared)

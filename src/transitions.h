@@ -28,6 +28,7 @@ typedef struct OdFinalize
     const char *error;       /* NULL for none; copied by od_finalize */
     int         http_status; /* 0 for none */
     bool        applied;     /* out: false = lease lost (fenced) */
+    bool        ordered_done; /* out: an ordered message became done (its successor may be claimed) */
 } OdFinalize;
 
 /* Prepare sql once into *slot (kept across transactions; the plan cache decides generic or custom). */
@@ -36,8 +37,13 @@ extern SPIPlanPtr od_prepare(SPIPlanPtr *slot, const char *sql, int nargs, const
 /* A one-dimensional array of n elements of elemtype (nulls may be NULL), palloc'd. */
 extern ArrayType *od_build_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 
-/* Columns returned by od_claim(), in this order. */
+/*
+ * Columns returned by od_claim(), in this order (those of outbox.claim());
+ * then, for the workers, lease_until (OD_CLAIM_NATTS + 1) and available_at
+ * (OD_CLAIM_NATTS + 2): OD_CLAIM_ALL_NATTS in all.
+ */
 #define OD_CLAIM_NATTS 11
+#define OD_CLAIM_ALL_NATTS (OD_CLAIM_NATTS + 2)
 
 /*
  * For the workers' sessions: disable the plan shapes the workers'
@@ -68,14 +74,17 @@ extern void od_plan_shapes_pop(int nest);
  * With OD_CLAIM_CHECK_LEASES, reap exhausted expired leases and take over
  * the others (of endpoints[i] only where takeover[i]; NULL: everywhere),
  * then set the shared time of the next check (od_lease_check_due); lease
- * up to batch ready messages, taking at most quotas[i] of endpoints[i]
- * (n_endpoints < 0: every enabled endpoint, up to batch each).
+ * up to batch ready messages, taking at most quotas[i] of endpoints[i],
+ * those with available_at >= from_at[i] (DT_NOBEGIN, or from_at NULL:
+ * all; core/ready_floor.hpp) (n_endpoints < 0: every enabled endpoint, up
+ * to batch each, all of them).
  * Must be called inside a transaction, connected to SPI; the claimed rows
  * are left in SPI_tuptable (SPI_processed of them).  Returns the number of
  * rows reaped to dead.
  */
 extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const char *const *endpoints,
-                       const int *quotas, const bool *takeover, int n_endpoints, int flags);
+                       const int *quotas, const bool *takeover, const TimestampTz *from_at, int n_endpoints,
+                       int flags);
 
 /*
  * Can a lease have expired by `now`?  Every claim lowers the shared check

@@ -22,6 +22,7 @@
 #include "endpoint_state.h"
 #include "pg_compat.h"
 #include "core/dispatcher.hpp"
+#include "core/ready_floor.hpp"
 #include "core/replication_gate.hpp"
 #include "core/schedule.hpp"
 #include "core/signing.hpp"
@@ -70,6 +71,7 @@ typedef struct WorkerEndpoint
     OdEndpointLimits lim;
     uint64           oauth_client; /* hash of its OAuth client configuration; 0: no OAuth */
     int64            timeout_ms;   /* its request timeout (the token request's too) */
+    od::ReadyFloor   floor;        /* where the claim reads its ready messages from (zeroed: the first) */
 } WorkerEndpoint;
 
 /*
@@ -149,6 +151,7 @@ typedef struct OdWorker
     PendingReservation *pending; /* the claim in progress (in cycle_ctx), n_pending entries */
     int                 n_pending;
     int                 claim_rotation;   /* which endpoint a claim asks first */
+    uint64              ordered_done_seen; /* od_shared->ordered_done as of the last claim */
     TimestampTz         next_quota_at;    /* a refused reservation may succeed then; 0 = none */
     bool                places_released;  /* a request finished: a quota may have room again */
     bool                claim_quota_full; /* the last claim took every place its quotas allowed */
@@ -209,6 +212,7 @@ void            step_tokens(TimestampTz now);
 int             do_claim(int capacity, bool with_finalize);
 /* Give back the places of a claim whose transaction failed. */
 void            release_pending_reservation(void);
+void            reset_ready_floors(void);
 
 /* ---------------------------------------------------------------- worker_finalize.cpp */
 void            process_new_outcomes(void);

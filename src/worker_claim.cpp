@@ -9,6 +9,14 @@
 
 namespace odw {
 
+/* The next claim reads every endpoint's ready messages from the first entry (core/ready_floor.hpp). */
+void
+reset_ready_floors(void)
+{
+    for (int k = 0; k < W.n_wendpoints; k++)
+        od::ready_floor_reset(W.wendpoints[k].floor);
+}
+
 void
 release_pending_reservation(void)
 {
@@ -71,6 +79,7 @@ typedef struct ClaimRow
     const char *reject; /* not sendable (limits): made dead in the claim transaction */
     int64       created_at_us;
     int         endpoint_slot;
+    TimestampTz available_at;
 } ClaimRow;
 
 static bool
@@ -129,6 +138,10 @@ do_claim(int capacity, bool with_finalize)
     bool          check_leases;
     bool          any_quota = false;
     TimestampTz   now;
+    TimestampTz   claim_start;
+    WorkerEndpoint **wk;   /* the endpoint of each quota */
+    TimestampTz  *from_at; /* where each endpoint's ready messages are read from */
+    TimestampTz  *oldest;  /* the oldest available_at claimed of each */
     FinalizeBatch fb;
     /* before reserving: the results release their places first */
     bool          fin = with_finalize && finalize_prepare(&fb);
@@ -140,6 +153,9 @@ do_claim(int capacity, bool with_finalize)
     got = (int *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int) * (m + 1));
     slot_of_quota = (int *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int) * (m + 1));
     W.pending = (PendingReservation *) MemoryContextAllocZero(W.cycle_ctx, sizeof(PendingReservation) * (m + 1));
+    wk = (WorkerEndpoint **) MemoryContextAllocZero(W.cycle_ctx, sizeof(WorkerEndpoint *) * (m + 1));
+    from_at = (TimestampTz *) MemoryContextAllocZero(W.cycle_ctx, sizeof(TimestampTz) * (m + 1));
+    oldest = (TimestampTz *) MemoryContextAllocZero(W.cycle_ctx, sizeof(TimestampTz) * (m + 1));
     W.next_quota_at = 0;
     W.n_pending = 0;
     for (int k = 0; k < m; k++)
@@ -154,6 +170,7 @@ do_claim(int capacity, bool with_finalize)
         q = od_endpoint_reserve(w->ref, &w->lim, want, now, &probe, &retry_at, &stale);
 
         names[k] = w->name;
+        wk[k] = w;
         if (stale)
             W.endpoints_stale = true;
         /* 0 still lets the endpoint's expired leases be taken over; -1 (breaker open, or stale) does not */
@@ -193,8 +210,33 @@ do_claim(int capacity, bool with_finalize)
     set_state(OD_STATE_CLAIMING);
     begin_tx(fin ? "finalizing deliveries and claiming messages" : "claiming messages");
     if (fin)
+    {
         finalize_run(&fb);
-    reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, takeover, m,
+        /* an ordered message done in this very transaction may free its successor for this claim */
+        for (int i = 0; i < fb.n; i++)
+            if (fb.items[i].ordered_done)
+                reset_ready_floors();
+    }
+    claim_start = GetCurrentTransactionStartTimestamp();
+    /* read before the claim's snapshot is taken: a finalize that bumped it has committed */
+    if (od_shared != nullptr)
+    {
+        uint64 seen = pg_atomic_read_u64(&od_shared->ordered_done);
+
+        if (seen != W.ordered_done_seen)
+        {
+            reset_ready_floors();
+            W.ordered_done_seen = seen;
+        }
+    }
+    for (int k = 0; k < m; k++)
+    {
+        int64 from = od::ready_scan_from(wk[k]->floor, now);
+
+        from_at[k] = from == od::kReadFromFirst ? DT_NOBEGIN : from;
+    }
+    reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, takeover,
+                      from_at, m,
                       (check_leases ? OD_CLAIM_CHECK_LEASES : 0) |
                           (od_schema_records_commit_order(W.schema) ? OD_CLAIM_COMMIT_ORDER : 0));
     n = (int) SPI_processed;
@@ -220,7 +262,8 @@ do_claim(int capacity, bool with_finalize)
         rows[i].reject = isnull ? nullptr : message_headers_problem(d);
         rows[i].headers = (isnull || rows[i].reject) ? pstrdup("") : od_header_lines_text(d);
         rows[i].created_at_us = od_unix_micros(DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull)));
-        rows[i].lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, 12, &isnull));
+        rows[i].lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, OD_CLAIM_NATTS + 1, &isnull));
+        rows[i].available_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, OD_CLAIM_NATTS + 2, &isnull));
         if (rows[i].reject)
             n_rejected++;
         MemoryContextSwitchTo(old);
@@ -258,11 +301,21 @@ do_claim(int capacity, bool with_finalize)
         for (int k = 0; k < m; k++)
             if (strcmp(names[k], rows[i].endpoint) == 0)
             {
+                if (got[k] == 0 || rows[i].available_at < oldest[k])
+                    oldest[k] = rows[i].available_at;
                 got[k]++;
                 quota_of[i] = k;
                 break;
             }
     }
+    /* the floors, now that the claim has committed */
+    for (int k = 0; k < m; k++)
+        if (quotas[k] > 0)
+        {
+            int64 from = from_at[k] == DT_NOBEGIN ? od::kReadFromFirst : from_at[k];
+
+            od::ready_floor_claimed(wk[k]->floor, now, from, claim_start, got[k], oldest[k]);
+        }
     for (int k = 0; k < m; k++)
     {
         OdEndpointRef ref = W.pending[k].ref;

@@ -333,11 +333,13 @@ void
 finalize_done(FinalizeBatch *fb)
 {
     std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
+    bool                              ordered_done = false;
 
     for (int i = 0; i < fb->n; i++)
     {
         const OdFinalize *it = &fb->items[i];
 
+        ordered_done = ordered_done || (it->applied && it->ordered_done);
         if (outs[i].latency_ms >= 0)
             note_latency(outs[i].latency_ms);
         if (!it->applied)
@@ -363,6 +365,9 @@ finalize_done(FinalizeBatch *fb)
         if (it->verdict != od::Verdict::Done && it->error)
             record_error(it->error);
     }
+    /* committed: successors of these ordered messages may be below the workers' floors (core/ready_floor.hpp) */
+    if (ordered_done && od_shared != nullptr)
+        pg_atomic_fetch_add_u64(&od_shared->ordered_done, 1);
     outs.clear();
     W.outcomes_seen = 0;
     W.oldest_outcome_at = 0;

@@ -13,6 +13,12 @@ Scenarios (default settings unless the scenario is about a setting):
              (20 single messages delivered first).  Its log also breaks the
              drain's WAL down by record type (pg_waldump --stats=record).
   backlog    the same with 100,000 messages.
+  accrued    a backlog as it accrues while an endpoint is down: ACCRUE_S
+             (20) seconds of ACCRUE_TPS (1,500) pgbench transactions of 10
+             messages committed while the workers were paused (~300,000
+             messages whose available_at spread over those seconds), then
+             drained: msg/s and the workers' CPU per message.  (The backlog
+             above is one INSERT: one available_at for all.)
   retained   the same 50,000 with 1,000,000 done rows retained (done within
              the retention window), VACUUM ANALYZE taken while no message was
              open (the statistics say the open set is empty).
@@ -92,7 +98,9 @@ IDLE_M = int(os.environ.get("IDLE_M", "200"))
 N_REPL = int(os.environ.get("N_REPL", "20000"))
 N_FANOUT = int(os.environ.get("N_FANOUT", "10000"))
 N_ATTEMPT = int(os.environ.get("N_ATTEMPT", "50000"))
-SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,retained,sustained,idle,replication,scaling,"
+ACCRUE_TPS = int(os.environ.get("ACCRUE_TPS", "1500"))
+ACCRUE_S = int(os.environ.get("ACCRUE_S", "20"))
+SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,accrued,retained,sustained,idle,replication,scaling,"
                            "fanout,attempt_log").split(",")
 WORK = os.environ.get("OD_BENCH_WORK") or tempfile.mkdtemp(prefix="od_bench.")
 OUT = os.environ.get("OUT", os.path.join(WORK, "out"))
@@ -445,6 +453,28 @@ def drain(c, n, label, produce=None, by_type=False):
     if done != n:
         raise RuntimeError("%s: %d of %d done" % (label, done, n))
     return res
+
+
+def scenario_accrued():
+    """A backlog as it accrues while an endpoint is down: ACCRUE_S seconds of ACCRUE_TPS producer
+    transactions of 10 messages (pgbench), committed while the workers are paused, then drained.
+    Unlike the backlog of one INSERT, its available_at values spread over those seconds."""
+    def accrue(c):
+        script = ("BEGIN;\n"
+                  "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+                  " SELECT 'order', (random() * 1000000)::int::text, 'OrderCreated', %s, 'nginx'"
+                  " FROM generate_series(1, 10) g;\n"
+                  "END;\n" % PAYLOAD)
+        shutil.rmtree(pgbench(script, "-c", "4", "-j", "2", "-R", str(ACCRUE_TPS), "-T", str(ACCRUE_S)),
+                      ignore_errors=True)
+        return {"rows": int(c.sql("SELECT count(*) FROM outbox.messages WHERE status = 'pending'"))}
+
+    c = new_dispatcher("accrued")
+    try:
+        warm_plans(c)
+        return drain(c, 0, "accrued", produce=accrue)
+    finally:
+        c.destroy()
 
 
 def scenario_drain(n, label, workers=None, batch=None, extra=None, by_type=False):
@@ -851,6 +881,10 @@ def main():
                     add("fresh_" + k, r[k])
             if "backlog" in SCENARIOS:
                 add("backlog_msg_s", scenario_drain(N_BACKLOG, "backlog")["msg_s"])
+            if "accrued" in SCENARIOS:
+                r = scenario_accrued()
+                for k in ("msg_s", "worker_cpu_us", "rows"):
+                    add("accrued_" + k, r[k])
             if "retained" in SCENARIOS:
                 r = scenario_retained()
                 add("retained_msg_s", r["msg_s"])
@@ -912,6 +946,7 @@ def main():
     meta = {"cores": os.cpu_count(), "postgresql": version, "runs": RUNS, "n": N_FRESH, "n_backlog": N_BACKLOG,
             "n_retained": N_RETAINED, "n_repl": N_REPL, "n_fanout": N_FANOUT, "n_attempt": N_ATTEMPT,
             "sustain_s": SUSTAIN_S, "sustain_pairs": SUSTAIN_PAIRS, "sustain_tps": SUSTAIN_TPS,
+            "accrue_s": ACCRUE_S, "accrue_tps": ACCRUE_TPS,
             "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - t_start), "conf": BENCH_CONF}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
@@ -931,6 +966,10 @@ ROWS = [
      " run and at the end (a commit waits for one; the speed row does not see it)", "ms", "%.2f"),
     ("fresh_msg_s", "drain %(n)s, fresh table (plans prepared on an empty table)", "msg/s", "%.0f"),
     ("backlog_msg_s", "drain %(n_backlog)s backlog", "msg/s", "%.0f"),
+    ("accrued_msg_s", "drain a backlog accrued over %(accrue_s)s s (%(accrue_tps)s transactions/s of 10 messages,"
+     " workers paused)", "msg/s", "%.0f"),
+    ("accrued_worker_cpu_us", "worker CPU (user + system) per delivered message, accrued backlog", "us", "%.1f"),
+    ("accrued_rows", "messages in that accrued backlog", "", "%.0f"),
     ("retained_msg_s", "drain %(n)s with %(n_retained)s done rows retained, analyzed with nothing open", "msg/s", "%.0f"),
     ("sustained_on_avg_ms", "application tx latency avg, %(tps)s msg/s producer, workers delivering", "ms", "%.2f"),
     ("sustained_off_avg_ms", "application tx latency avg, same producer, workers paused", "ms", "%.2f"),
@@ -1017,7 +1056,8 @@ def render(meta, results):
     fmt = {"n": "{:,}".format(meta["n"]), "n_backlog": "{:,}".format(meta["n_backlog"]),
            "n_retained": "{:,}".format(meta["n_retained"]),
            "n_repl": "{:,}".format(meta.get("n_repl", 0)), "tps": "{:,}".format(meta["sustain_tps"] * 10),
-           "n_fanout": "{:,}".format(meta.get("n_fanout", 0)), "n_attempt": "{:,}".format(meta.get("n_attempt", 0))}
+           "n_fanout": "{:,}".format(meta.get("n_fanout", 0)), "n_attempt": "{:,}".format(meta.get("n_attempt", 0)),
+           "accrue_s": meta.get("accrue_s", 0), "accrue_tps": "{:,}".format(meta.get("accrue_tps", 0))}
     lines = ["outbox_dispatcher %s, PostgreSQL %s, %d cores, %s; %d runs per figure (min / median / max)."
              % (library_version(), meta["postgresql"], meta["cores"], meta["date"], meta["runs"])
              + ("" if not meta.get("conf") else " Settings changed on every cluster: %s."
