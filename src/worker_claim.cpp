@@ -213,9 +213,12 @@ do_claim(int capacity, bool with_finalize)
     {
         finalize_run(&fb);
         /* an ordered message done in this very transaction may free its successor for this claim */
+        bool freed = false;
+
         for (int i = 0; i < fb.n; i++)
-            if (fb.items[i].ordered_done)
-                reset_ready_floors();
+            freed = freed || fb.items[i].ordered_done;
+        if (freed)
+            reset_ready_floors();
     }
     claim_start = GetCurrentTransactionStartTimestamp();
     /* read before the claim's snapshot is taken: a finalize that bumped it has committed */

@@ -33,12 +33,14 @@ trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/src"
 tar -C "$ROOT" --exclude=.git --exclude=bench-results -cf - test outbox_dispatcher.control | tar -C "$WORK/src" -xf -
 chown -R postgres "$WORK"
-su postgres -s /bin/bash -c "cd '$WORK' && OD_BENCH_WORK='$WORK' OD_BENCH_SRC='$WORK/src' OUT='$WORK/out' \
-    RUNS='${RUNS:-3}' SCENARIOS='${SCENARIOS:-fresh,backlog,retained,sustained,idle,replication,scaling,fanout,attempt_log}' \
-    N_REPL='${N_REPL:-20000}' N_FANOUT='${N_FANOUT:-10000}' N_ATTEMPT='${N_ATTEMPT:-50000}' \
-    BENCH_CONF='${BENCH_CONF:-}' N='${N:-50000}' N_BACKLOG='${N_BACKLOG:-100000}' N_RETAINED='${N_RETAINED:-1000000}' \
-    SUSTAIN_S='${SUSTAIN_S:-10}' SUSTAIN_PAIRS='${SUSTAIN_PAIRS:-3}' SUSTAIN_TPS='${SUSTAIN_TPS:-500}' \
-    PATH='$(pg_config --bindir):/usr/sbin:/usr/bin:/bin' /usr/bin/python3 '$WORK/src/test/bench/bench.py'"
+# the settings given (bench.py has the defaults and the list of scenarios)
+PASS=()
+for v in RUNS SCENARIOS N N_BACKLOG N_RETAINED N_REPL N_FANOUT N_ATTEMPT SUSTAIN_S SUSTAIN_PAIRS SUSTAIN_TPS \
+    ACCRUE_S ACCRUE_TPS IDLE_M BENCH_CONF; do
+    [ -n "${!v+set}" ] && PASS+=("$v=$(printf '%q' "${!v}")")
+done
+su postgres -s /bin/bash -c "cd '$WORK' && env OD_BENCH_WORK='$WORK' OD_BENCH_SRC='$WORK/src' OUT='$WORK/out' \
+    ${PASS[*]} PATH='$(pg_config --bindir):/usr/sbin:/usr/bin:/bin' /usr/bin/python3 '$WORK/src/test/bench/bench.py'"
 mkdir -p "$OUT_DIR"
 cp "$WORK"/out/* "$OUT_DIR"/
 echo "results: $OUT_DIR/results.md, $OUT_DIR/plot.png"
