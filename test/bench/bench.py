@@ -455,17 +455,20 @@ def drain(c, n, label, produce=None, by_type=False):
     return res
 
 
+# the producer of the sustained and accrued scenarios: one transaction of 10 messages to nginx
+PRODUCER_SCRIPT = ("BEGIN;\n"
+                   "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+                   " SELECT 'order', (random() * 1000000)::int::text, 'OrderCreated', %s, 'nginx'"
+                   " FROM generate_series(1, 10) g;\n"
+                   "END;\n" % PAYLOAD)
+
+
 def scenario_accrued():
     """A backlog as it accrues while an endpoint is down: ACCRUE_S seconds of ACCRUE_TPS producer
     transactions of 10 messages (pgbench), committed while the workers are paused, then drained.
     Unlike the backlog of one INSERT, its available_at values spread over those seconds."""
     def accrue(c):
-        script = ("BEGIN;\n"
-                  "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
-                  " SELECT 'order', (random() * 1000000)::int::text, 'OrderCreated', %s, 'nginx'"
-                  " FROM generate_series(1, 10) g;\n"
-                  "END;\n" % PAYLOAD)
-        shutil.rmtree(pgbench(script, "-c", "4", "-j", "2", "-R", str(ACCRUE_TPS), "-T", str(ACCRUE_S)),
+        shutil.rmtree(pgbench(PRODUCER_SCRIPT, "-c", "4", "-j", "2", "-R", str(ACCRUE_TPS), "-T", str(ACCRUE_S)),
                       ignore_errors=True)
         return {"rows": int(c.sql("SELECT count(*) FROM outbox.messages WHERE status = 'pending'"))}
 
@@ -570,18 +573,13 @@ def p99(sorted_values):
 
 
 def pgbench_run(c, seconds, tps):
-    script = ("BEGIN;\n"
-              "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
-              " SELECT 'order', (random() * 1000000)::int::text, 'OrderCreated', %s, 'nginx'"
-              " FROM generate_series(1, 10) g;\n"
-              "END;\n" % PAYLOAD)
     pids = c.worker_pids()
     commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
     cpu0 = cpu_seconds(pids)
     wal0 = wal_flushes(c)
     xact0 = int(c.sql(commits))
     t0 = time.time()
-    logdir = pgbench(script, "-c", "8", "-j", "2", "-R", str(tps), "-T", str(seconds))
+    logdir = pgbench(PRODUCER_SCRIPT, "-c", "8", "-j", "2", "-R", str(tps), "-T", str(seconds))
     wall = time.time() - t0
     cpu = cpu_seconds(pids) - cpu0
     wal_bytes, syncs, sync_ms = (b - a for a, b in zip(wal0, wal_flushes(c)))
