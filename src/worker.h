@@ -181,6 +181,7 @@ typedef struct FinalizeBatch
     const char **gone; /* endpoints that answered 410, by name and id */
     int64       *gone_id;
     int          n_gone;
+    bool         ordered_done; /* set by finalize_run: an ordered message became done (core/ready_floor.hpp) */
 } FinalizeBatch;
 
 extern OdWorker W;

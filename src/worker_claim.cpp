@@ -7,6 +7,8 @@
  */
 #include "worker.h"
 
+StaticAssertDecl(od::kReadFromFirst == DT_NOBEGIN, "a floor of kReadFromFirst must be -infinity to SQL");
+
 namespace odw {
 
 /* The next claim reads every endpoint's ready messages from the first entry (core/ready_floor.hpp). */
@@ -213,11 +215,7 @@ do_claim(int capacity, bool with_finalize)
     {
         finalize_run(&fb);
         /* an ordered message done in this very transaction may free its successor for this claim */
-        bool freed = false;
-
-        for (int i = 0; i < fb.n; i++)
-            freed = freed || fb.items[i].ordered_done;
-        if (freed)
+        if (fb.ordered_done)
             reset_ready_floors();
     }
     claim_start = GetCurrentTransactionStartTimestamp();
@@ -233,11 +231,7 @@ do_claim(int capacity, bool with_finalize)
         }
     }
     for (int k = 0; k < m; k++)
-    {
-        int64 from = od::ready_scan_from(wk[k]->floor, now);
-
-        from_at[k] = from == od::kReadFromFirst ? DT_NOBEGIN : from;
-    }
+        from_at[k] = od::ready_scan_from(wk[k]->floor, now); /* kReadFromFirst is -infinity to SQL */
     reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, takeover,
                       from_at, m,
                       (check_leases ? OD_CLAIM_CHECK_LEASES : 0) |
@@ -314,11 +308,7 @@ do_claim(int capacity, bool with_finalize)
     /* the floors, now that the claim has committed */
     for (int k = 0; k < m; k++)
         if (quotas[k] > 0)
-        {
-            int64 from = from_at[k] == DT_NOBEGIN ? od::kReadFromFirst : from_at[k];
-
-            od::ready_floor_claimed(wk[k]->floor, now, from, claim_start, got[k], oldest[k]);
-        }
+            od::ready_floor_claimed(wk[k]->floor, now, from_at[k], claim_start, got[k], oldest[k]);
     for (int k = 0; k < m; k++)
     {
         OdEndpointRef ref = W.pending[k].ref;

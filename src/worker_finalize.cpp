@@ -317,6 +317,9 @@ void
 finalize_run(FinalizeBatch *fb)
 {
     od_finalize(fb->items, fb->n, od_schema_has_fanout(W.schema) ? OD_FINALIZE_DEAD_AT : 0);
+    fb->ordered_done = false;
+    for (int i = 0; i < fb->n && !fb->ordered_done; i++)
+        fb->ordered_done = fb->items[i].ordered_done; /* only ever set for applied rows */
     log_attempts(fb);
     for (int i = 0; i < fb->n_gone; i++)
     {
@@ -333,13 +336,11 @@ void
 finalize_done(FinalizeBatch *fb)
 {
     std::vector<od::DeliveryOutcome> &outs = W.disp->outcomes();
-    bool                              ordered_done = false;
 
     for (int i = 0; i < fb->n; i++)
     {
         const OdFinalize *it = &fb->items[i];
 
-        ordered_done = ordered_done || (it->applied && it->ordered_done);
         if (outs[i].latency_ms >= 0)
             note_latency(outs[i].latency_ms);
         if (!it->applied)
@@ -366,7 +367,7 @@ finalize_done(FinalizeBatch *fb)
             record_error(it->error);
     }
     /* committed: successors of these ordered messages may be below the workers' floors (core/ready_floor.hpp) */
-    if (ordered_done && od_shared != nullptr)
+    if (fb->ordered_done && od_shared != nullptr)
         pg_atomic_fetch_add_u64(&od_shared->ordered_done, 1);
     outs.clear();
     W.outcomes_seen = 0;
