@@ -33,11 +33,11 @@
  *      breaker open or is at its limits gets no quota and is not scanned.
  *      The workers compute the quotas (breaker, cluster-wide max_in_flight,
  *      rate limit; endpoint_state.cpp) and rotate the order for fairness.
- *      Each endpoint's arm reads from available_at >= its floor ($8; the
- *      workers' per-endpoint floor, core/ready_floor.hpp; -infinity for
- *      the SQL function): the entries of the rows claimed since the last
- *      VACUUM, which no longer match but stay in messages_ready, are not
- *      stepped over again by every claim.
+ *      Each endpoint's arm reads from (available_at, id) >= its floor ($8
+ *      and $9; the workers' per-endpoint floor, core/ready_floor.hpp;
+ *      -infinity for the SQL function): the entries of the rows claimed
+ *      since the last VACUUM, which no longer match but stay in
+ *      messages_ready, are not stepped over again by every claim.
  *      Without a lease check and with one endpoint alone having a quota
  *      (the common case), a lean statement with the same meaning claims
  *      its ready rows (SQL_CLAIM_ONE).
@@ -149,13 +149,13 @@ static const char *const SQL_NEXT_DEADLINE =
 
 #define SQL_CLAIM_QUOTA \
     "WITH quota AS (" \
-    "  SELECT q.endpoint, q.n, q.takeover, q.from_at, q.ord" \
-    "    FROM unnest($5::text[], $6::int[], $7::bool[], $8::timestamptz[])" \
-    "         WITH ORDINALITY AS q(endpoint, n, takeover, from_at, ord)" \
+    "  SELECT q.endpoint, q.n, q.takeover, q.from_at, q.from_id, q.ord" \
+    "    FROM unnest($5::text[], $6::int[], $7::bool[], $8::timestamptz[], $9::bigint[])" \
+    "         WITH ORDINALITY AS q(endpoint, n, takeover, from_at, from_id, ord)" \
     "   WHERE q.n >= 0" \
     "     AND EXISTS (SELECT 1 FROM outbox.endpoints AS e WHERE e.name = q.endpoint AND e.enabled)" \
     "  UNION ALL" \
-    "  SELECT e.name, $2, true, '-infinity'::timestamptz, 0" \
+    "  SELECT e.name, $2, true, '-infinity'::timestamptz, '-9223372036854775808'::bigint, 0" \
     "    FROM outbox.endpoints AS e WHERE $5 IS NULL AND e.enabled), "
 
 #define SQL_CLAIM_EXPIRED_ARM(expired, max_m) \
@@ -182,11 +182,11 @@ static const char *const SQL_NEXT_DEADLINE =
     "      OR m.ordered_after > pg_snapshot_xmax(pg_current_snapshot()))"
 
 #define SQL_CLAIM_READY_ARM(commit_order, same_sequence) \
-    "  SELECT r.id FROM (SELECT endpoint, n, from_at FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q" \
+    "  SELECT r.id FROM (SELECT endpoint, n, from_at, from_id FROM quota WHERE n > 0 ORDER BY ord, endpoint) AS q" \
     "   CROSS JOIN LATERAL (" \
     "    SELECT m.id FROM outbox.messages AS m" \
     "     WHERE m.endpoint = q.endpoint AND m.status = 'pending'" \
-    "       AND m.available_at >= q.from_at AND m.available_at <= now()" \
+    "       AND (m.available_at, m.id) >= (q.from_at, q.from_id) AND m.available_at <= now()" \
     "       AND (NOT m.ordered OR (NOT EXISTS (" \
     "             SELECT 1 FROM outbox.messages AS p" \
     "              WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
@@ -237,7 +237,7 @@ static const char *const SQL_CLAIM[2][2] = {
  * CTE, the lateral join and the expired-lease arm then only add plan nodes
  * (ExecutorStart alone was a third of an idle claim), so this statement
  * claims that endpoint's ready rows directly: $5 the endpoint, $6 its quota
- * (> 0).  It selects the same rows as SQL_CLAIM's ready arm would for
+ * (> 0), $7 and $8 its floor.  It selects the same rows as SQL_CLAIM's ready arm would for
  * that endpoint: pending, available, head of its sequence, the endpoint
  * enabled, at most least(batch, quota), oldest available_at first, locked
  * with SKIP LOCKED, and updates them with the same SQL_CLAIM_UPDATE.
@@ -247,7 +247,8 @@ static const char *const SQL_CLAIM[2][2] = {
 #define SQL_CLAIM_ONE_TEXT(commit_order, same_sequence) \
     "WITH picked AS (" \
     "  SELECT m.id FROM outbox.messages AS m" \
-    "   WHERE m.endpoint = $5 AND m.status = 'pending' AND m.available_at >= $7 AND m.available_at <= now()" \
+    "   WHERE m.endpoint = $5 AND m.status = 'pending' AND (m.available_at, m.id) >= ($7, $8)" \
+    "     AND m.available_at <= now()" \
     "     AND (NOT m.ordered OR (NOT EXISTS (" \
     "           SELECT 1 FROM outbox.messages AS p" \
     "            WHERE p.aggregate_type = m.aggregate_type AND p.aggregate_id = m.aggregate_id" \
@@ -526,17 +527,20 @@ note_lease_deadline(TimestampTz deadline)
 
 uint64
 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const char *const *endpoints,
-         const int *quotas, const bool *takeover, const TimestampTz *from_at, int n_endpoints, int flags)
+         const int *quotas, const bool *takeover, const TimestampTz *from_at, const int64 *from_id, int n_endpoints,
+         int flags)
 {
     static const Oid reap_types[2] = { INT4OID, INT4OID };
-    static const Oid claim_types[8] = { TEXTOID,      INT4OID,      INTERVALOID,  INT4OID,
-                                         TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, TIMESTAMPTZARRAYOID };
-    static const Oid one_types[7] = { TEXTOID, INT4OID, INTERVALOID, INT4OID, TEXTOID, INT4OID, TIMESTAMPTZOID };
+    static const Oid claim_types[9] = { TEXTOID,      INT4OID,      INTERVALOID,  INT4OID,
+                                         TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, TIMESTAMPTZARRAYOID,
+                                         INT8ARRAYOID };
+    static const Oid one_types[8] = { TEXTOID, INT4OID,        INTERVALOID, INT4OID,
+                                      TEXTOID, INT4OID,        TIMESTAMPTZOID, INT8OID };
     const bool     check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
     const int      which = check ? 0 : 1;
     const int      order = (flags & OD_CLAIM_COMMIT_ORDER) != 0 ? 1 : 0;
-    Datum          args[8];
-    char           nulls[8] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
+    Datum          args[9];
+    char           nulls[9] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
     uint64         reaped = 0;
     int            rc;
     SPITupleTable *claimed;
@@ -559,9 +563,9 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
         if (quotas[k] > 0)
             one = one == -1 ? k : -2;
     if (one >= 0)
-        od_prepare_hot(&plan_claim_one[order], SQL_CLAIM_ONE[order], 7, one_types);
+        od_prepare_hot(&plan_claim_one[order], SQL_CLAIM_ONE[order], 8, one_types);
     else
-        od_prepare_hot(&plan_claim[order][which], SQL_CLAIM[order][which], 8, claim_types);
+        od_prepare_hot(&plan_claim[order][which], SQL_CLAIM[order][which], 9, claim_types);
 
     args[0] = CStringGetTextDatum(owner);
     args[1] = Int32GetDatum(batch);
@@ -570,14 +574,15 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
     if (n_endpoints < 0)
     {
         /* every enabled endpoint, up to batch each (the SQL function) */
-        nulls[4] = nulls[5] = nulls[6] = nulls[7] = 'n';
-        args[4] = args[5] = args[6] = args[7] = (Datum) 0;
+        nulls[4] = nulls[5] = nulls[6] = nulls[7] = nulls[8] = 'n';
+        args[4] = args[5] = args[6] = args[7] = args[8] = (Datum) 0;
     }
     else if (one >= 0)
     {
         args[4] = CStringGetTextDatum(endpoints[one]);
         args[5] = Int32GetDatum(quotas[one]);
         args[6] = TimestampTzGetDatum(from_at ? from_at[one] : DT_NOBEGIN);
+        args[7] = Int64GetDatum(from_id ? from_id[one] : PG_INT64_MIN);
     }
     else
     {
@@ -585,6 +590,7 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
         Datum *ns = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
         Datum *tk = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
         Datum *fa = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
+        Datum *fi = (Datum *) palloc(sizeof(Datum) * (n_endpoints + 1));
 
         for (int i = 0; i < n_endpoints; i++)
         {
@@ -592,11 +598,13 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
             ns[i] = Int32GetDatum(quotas[i]);
             tk[i] = BoolGetDatum(takeover == nullptr || takeover[i]);
             fa[i] = TimestampTzGetDatum(from_at ? from_at[i] : DT_NOBEGIN);
+            fi[i] = Int64GetDatum(from_id ? from_id[i] : PG_INT64_MIN);
         }
         args[4] = PointerGetDatum(od_build_array(names, nullptr, n_endpoints, TEXTOID));
         args[5] = PointerGetDatum(od_build_array(ns, nullptr, n_endpoints, INT4OID));
         args[6] = PointerGetDatum(od_build_array(tk, nullptr, n_endpoints, BOOLOID));
         args[7] = PointerGetDatum(od_build_array(fa, nullptr, n_endpoints, TIMESTAMPTZOID));
+        args[8] = PointerGetDatum(od_build_array(fi, nullptr, n_endpoints, INT8OID));
     }
     rc = SPI_execute_plan(one >= 0 ? plan_claim_one[order] : plan_claim[order][which], args, nulls, false, 0);
     if (rc != SPI_OK_UPDATE_RETURNING)

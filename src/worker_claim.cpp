@@ -8,6 +8,7 @@
 #include "worker.h"
 
 StaticAssertDecl(od::kReadFromFirst == DT_NOBEGIN, "a floor of kReadFromFirst must be -infinity to SQL");
+StaticAssertDecl(od::kFirstKey.id == PG_INT64_MIN, "the first key's id must be the least bigint");
 
 namespace odw {
 
@@ -81,7 +82,7 @@ typedef struct ClaimRow
     const char *reject; /* not sendable (limits): made dead in the claim transaction */
     int64       created_at_us;
     int         endpoint_slot;
-    TimestampTz available_at;
+    od::ReadyKey position; /* (available_at, id) in messages_ready */
 } ClaimRow;
 
 static bool
@@ -142,8 +143,10 @@ do_claim(int capacity, bool with_finalize)
     TimestampTz   now;
     TimestampTz   claim_start;
     WorkerEndpoint **wk;   /* the endpoint of each quota */
-    TimestampTz  *from_at; /* where each endpoint's ready messages are read from */
-    TimestampTz  *oldest;  /* the oldest available_at claimed of each */
+    od::ReadyKey *from;    /* where each endpoint's ready messages are read from */
+    TimestampTz  *from_at; /* the same, as two arrays for SQL */
+    int64        *from_id;
+    od::ReadyKey *first;   /* the first row claimed of each, in index order */
     FinalizeBatch fb;
     /* before reserving: the results release their places first */
     bool          fin = with_finalize && finalize_prepare(&fb);
@@ -156,8 +159,10 @@ do_claim(int capacity, bool with_finalize)
     slot_of_quota = (int *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int) * (m + 1));
     W.pending = (PendingReservation *) MemoryContextAllocZero(W.cycle_ctx, sizeof(PendingReservation) * (m + 1));
     wk = (WorkerEndpoint **) MemoryContextAllocZero(W.cycle_ctx, sizeof(WorkerEndpoint *) * (m + 1));
+    from = (od::ReadyKey *) MemoryContextAllocZero(W.cycle_ctx, sizeof(od::ReadyKey) * (m + 1));
     from_at = (TimestampTz *) MemoryContextAllocZero(W.cycle_ctx, sizeof(TimestampTz) * (m + 1));
-    oldest = (TimestampTz *) MemoryContextAllocZero(W.cycle_ctx, sizeof(TimestampTz) * (m + 1));
+    from_id = (int64 *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int64) * (m + 1));
+    first = (od::ReadyKey *) MemoryContextAllocZero(W.cycle_ctx, sizeof(od::ReadyKey) * (m + 1));
     W.next_quota_at = 0;
     W.n_pending = 0;
     for (int k = 0; k < m; k++)
@@ -231,9 +236,13 @@ do_claim(int capacity, bool with_finalize)
         }
     }
     for (int k = 0; k < m; k++)
-        from_at[k] = od::ready_scan_from(wk[k]->floor, now); /* kReadFromFirst is -infinity to SQL */
+    {
+        from[k] = od::ready_scan_from(wk[k]->floor, now);
+        from_at[k] = from[k].at_us; /* kFirstKey is (-infinity, least bigint) to SQL */
+        from_id[k] = from[k].id;
+    }
     reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, takeover,
-                      from_at, m,
+                      from_at, from_id, m,
                       (check_leases ? OD_CLAIM_CHECK_LEASES : 0) |
                           (od_schema_records_commit_order(W.schema) ? OD_CLAIM_COMMIT_ORDER : 0));
     n = (int) SPI_processed;
@@ -260,7 +269,8 @@ do_claim(int capacity, bool with_finalize)
         rows[i].headers = (isnull || rows[i].reject) ? pstrdup("") : od_header_lines_text(d);
         rows[i].created_at_us = od_unix_micros(DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull)));
         rows[i].lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, OD_CLAIM_NATTS + 1, &isnull));
-        rows[i].available_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, OD_CLAIM_NATTS + 2, &isnull));
+        rows[i].position.at_us = DatumGetTimestampTz(SPI_getbinval(tup, desc, OD_CLAIM_NATTS + 2, &isnull));
+        rows[i].position.id = rows[i].id;
         if (rows[i].reject)
             n_rejected++;
         MemoryContextSwitchTo(old);
@@ -298,8 +308,8 @@ do_claim(int capacity, bool with_finalize)
         for (int k = 0; k < m; k++)
             if (strcmp(names[k], rows[i].endpoint) == 0)
             {
-                if (got[k] == 0 || rows[i].available_at < oldest[k])
-                    oldest[k] = rows[i].available_at;
+                if (got[k] == 0 || od::ready_key_less(rows[i].position, first[k]))
+                    first[k] = rows[i].position;
                 got[k]++;
                 quota_of[i] = k;
                 break;
@@ -308,7 +318,7 @@ do_claim(int capacity, bool with_finalize)
     /* the floors, now that the claim has committed */
     for (int k = 0; k < m; k++)
         if (quotas[k] > 0)
-            od::ready_floor_claimed(wk[k]->floor, now, from_at[k], claim_start, got[k], oldest[k]);
+            od::ready_floor_claimed(wk[k]->floor, now, from[k], claim_start, got[k], first[k]);
     for (int k = 0; k < m; k++)
     {
         OdEndpointRef ref = W.pending[k].ref;

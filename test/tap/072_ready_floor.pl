@@ -18,7 +18,13 @@
 #     (below every floor) is delivered;
 #   - an ordered sequence whose second message waits longer than the
 #     floor's lag (1 s) for its head, which the sink answers after 1.5 s, is
-#     delivered in order, each message once.
+#     delivered in order, each message once;
+#   - a backlog of 20,000 messages inserted by one statement, which all have
+#     the same available_at, is drained reading messages_ready at most 10
+#     pages per index scan on average: the floor is a position (available_at,
+#     id), so the claims do not step over the entries claimed before them in
+#     that one available_at (34 pages on average with the floor of
+#     available_at alone, which fails this check).
 #
 # Run: see 010_delivery.pl.
 use strict;
@@ -110,6 +116,30 @@ SELECT string_agg(message_id::text, ',' ORDER BY started_at), count(*) = count(D
   FROM outbox.attempts WHERE message_id IN ($ids)}),
 	join(',', @seq) . '|t',
 	'in order, each message once');
+
+# one statement's backlog: every message has the same available_at
+set_enabled(0);
+$node->safe_psql('postgres', 'VACUUM outbox.messages');    # the dead entries of the drains above
+$node->safe_psql(
+	'postgres', q{
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint, available_at)
+SELECT 'bulk', g::text, 'bulk.created', jsonb_build_object('n', g), 'sink', now() - interval '5 seconds'
+  FROM generate_series(1, 20000) AS g});
+sleep 1.5;
+($pages0, $scans0) = ready_reads();
+my $delivered0 = $node->safe_psql('postgres', q{SELECT sum(delivered) FROM outbox.worker_stats});
+set_enabled(1);
+ok( poll_until(
+		$node, q{SELECT sum(delivered) FROM outbox.worker_stats},
+		$delivered0 + 20000, 180),
+	'the one-statement backlog is delivered');
+sleep 2;
+($pages1, $scans1) = ready_reads();
+$scans = $scans1 - $scans0;
+$per_scan = ($pages1 - $pages0) / ($scans || 1);
+cmp_ok($scans, '>=', 40, "the workers claimed it in many statements ($scans index scans)");
+cmp_ok($per_scan, '<=', 10,
+	sprintf('one available_at: messages_ready pages read per index scan: %.1f', $per_scan));
 
 $sink->stop;
 $node->stop;
