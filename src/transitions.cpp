@@ -237,10 +237,11 @@ static const char *const SQL_CLAIM[2][2] = {
  * CTE, the lateral join and the expired-lease arm then only add plan nodes
  * (ExecutorStart alone was a third of an idle claim), so this statement
  * claims that endpoint's ready rows directly: $5 the endpoint, $6 its quota
- * (> 0), $7 and $8 its floor.  It selects the same rows as SQL_CLAIM's ready arm would for
- * that endpoint: pending, available, head of its sequence, the endpoint
- * enabled, at most least(batch, quota), oldest available_at first, locked
- * with SKIP LOCKED, and updates them with the same SQL_CLAIM_UPDATE.
+ * (> 0), $7 and $8 its floor.  It selects the same rows as SQL_CLAIM's
+ * ready arm would for that endpoint: pending, available, head of its
+ * sequence, the endpoint enabled, at most least(batch, quota), oldest
+ * available_at first, locked with SKIP LOCKED, and updates them with the
+ * same SQL_CLAIM_UPDATE.
  * callgrind, 230 idle single-message claims: 443k -> 344k instructions per
  * claim.  [commit order] as in SQL_CLAIM.
  */
@@ -534,8 +535,8 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
     static const Oid claim_types[9] = { TEXTOID,      INT4OID,      INTERVALOID,  INT4OID,
                                          TEXTARRAYOID, INT4ARRAYOID, BOOLARRAYOID, TIMESTAMPTZARRAYOID,
                                          INT8ARRAYOID };
-    static const Oid one_types[8] = { TEXTOID, INT4OID,        INTERVALOID, INT4OID,
-                                      TEXTOID, INT4OID,        TIMESTAMPTZOID, INT8OID };
+    static const Oid one_types[8] = { TEXTOID, INT4OID, INTERVALOID,    INT4OID,
+                                      TEXTOID, INT4OID, TIMESTAMPTZOID, INT8OID };
     const bool     check = (flags & OD_CLAIM_CHECK_LEASES) != 0;
     const int      which = check ? 0 : 1;
     const int      order = (flags & OD_CLAIM_COMMIT_ORDER) != 0 ? 1 : 0;
