@@ -193,7 +193,7 @@ od_claim_v022_sql(PG_FUNCTION_ARGS)
 
         if (version != nullptr && od_schema_records_commit_order(od_schema_number(version)))
             flags |= OD_CLAIM_COMMIT_ORDER;
-        od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, nullptr, nullptr, -1, flags);
+        od_claim(owner, batch, lease_us, max_attempts, nullptr, nullptr, nullptr, nullptr, -1, flags);
     }
     oldcxt = MemoryContextSwitchTo(per_query);
     {

@@ -90,6 +90,9 @@ extern "C" {
 
 /* ---------------------------------------------------------------- plans */
 
+StaticAssertDecl(od::kReadFromFirst == DT_NOBEGIN, "a position of kReadFromFirst must be -infinity to SQL");
+StaticAssertDecl(od::kFirstKey.id == PG_INT64_MIN, "the first key's id must be the least bigint");
+
 static SPIPlanPtr plan_reap[2] = { nullptr, nullptr };
 static SPIPlanPtr plan_claim[2][2] = { { nullptr, nullptr }, { nullptr, nullptr } };
 static SPIPlanPtr plan_next_deadline = nullptr;
@@ -528,8 +531,7 @@ note_lease_deadline(TimestampTz deadline)
 
 uint64
 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const char *const *endpoints,
-         const int *quotas, const bool *takeover, const TimestampTz *from_at, const int64 *from_id, int n_endpoints,
-         int flags)
+         const int *quotas, const bool *takeover, const od::ReadyKey *from, int n_endpoints, int flags)
 {
     static const Oid reap_types[2] = { INT4OID, INT4OID };
     static const Oid claim_types[9] = { TEXTOID,      INT4OID,      INTERVALOID,  INT4OID,
@@ -580,10 +582,12 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
     }
     else if (one >= 0)
     {
+        const od::ReadyKey f = from ? from[one] : od::kFirstKey;
+
         args[4] = CStringGetTextDatum(endpoints[one]);
         args[5] = Int32GetDatum(quotas[one]);
-        args[6] = TimestampTzGetDatum(from_at ? from_at[one] : DT_NOBEGIN);
-        args[7] = Int64GetDatum(from_id ? from_id[one] : PG_INT64_MIN);
+        args[6] = TimestampTzGetDatum(f.at_us);
+        args[7] = Int64GetDatum(f.id);
     }
     else
     {
@@ -595,11 +599,13 @@ od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const c
 
         for (int i = 0; i < n_endpoints; i++)
         {
+            const od::ReadyKey f = from ? from[i] : od::kFirstKey;
+
             names[i] = CStringGetTextDatum(endpoints[i]);
             ns[i] = Int32GetDatum(quotas[i]);
             tk[i] = BoolGetDatum(takeover == nullptr || takeover[i]);
-            fa[i] = TimestampTzGetDatum(from_at ? from_at[i] : DT_NOBEGIN);
-            fi[i] = Int64GetDatum(from_id ? from_id[i] : PG_INT64_MIN);
+            fa[i] = TimestampTzGetDatum(f.at_us);
+            fi[i] = Int64GetDatum(f.id);
         }
         args[4] = PointerGetDatum(od_build_array(names, nullptr, n_endpoints, TEXTOID));
         args[5] = PointerGetDatum(od_build_array(ns, nullptr, n_endpoints, INT4OID));

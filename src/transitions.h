@@ -6,6 +6,7 @@
 
 #include "outbox_dispatcher.h"
 #include "core/outcome.hpp"
+#include "core/ready_floor.hpp"
 
 /*
  * One delivery's result, as written by od_finalize(); the verdict is
@@ -75,16 +76,16 @@ extern void od_plan_shapes_pop(int nest);
  * the others (of endpoints[i] only where takeover[i]; NULL: everywhere),
  * then set the shared time of the next check (od_lease_check_due); lease
  * up to batch ready messages, taking at most quotas[i] of endpoints[i],
- * those with (available_at, id) >= (from_at[i], from_id[i]) (from_at and
- * from_id NULL: all; core/ready_floor.hpp) (n_endpoints < 0: every enabled
+ * those with (available_at, id) >= from[i] (from NULL: all;
+ * core/ready_floor.hpp) (n_endpoints < 0: every enabled
  * endpoint, up to batch each, all of them).
  * Must be called inside a transaction, connected to SPI; the claimed rows
  * are left in SPI_tuptable (SPI_processed of them).  Returns the number of
  * rows reaped to dead.
  */
 extern uint64 od_claim(const char *owner, int batch, int64 lease_us, int max_attempts, const char *const *endpoints,
-                       const int *quotas, const bool *takeover, const TimestampTz *from_at, const int64 *from_id,
-                       int n_endpoints, int flags);
+                       const int *quotas, const bool *takeover, const od::ReadyKey *from, int n_endpoints,
+                       int flags);
 
 /*
  * Can a lease have expired by `now`?  Every claim lowers the shared check

@@ -7,9 +7,6 @@
  */
 #include "worker.h"
 
-StaticAssertDecl(od::kReadFromFirst == DT_NOBEGIN, "a floor of kReadFromFirst must be -infinity to SQL");
-StaticAssertDecl(od::kFirstKey.id == PG_INT64_MIN, "the first key's id must be the least bigint");
-
 namespace odw {
 
 /* The next claim reads every endpoint's ready messages from the first entry (core/ready_floor.hpp). */
@@ -144,8 +141,6 @@ do_claim(int capacity, bool with_finalize)
     TimestampTz   claim_start;
     WorkerEndpoint **wk;   /* the endpoint of each quota */
     od::ReadyKey *from;    /* where each endpoint's ready messages are read from */
-    TimestampTz  *from_at; /* the same, as two arrays for SQL */
-    int64        *from_id;
     od::ReadyKey *first;   /* the first row claimed of each, in index order */
     FinalizeBatch fb;
     /* before reserving: the results release their places first */
@@ -160,8 +155,6 @@ do_claim(int capacity, bool with_finalize)
     W.pending = (PendingReservation *) MemoryContextAllocZero(W.cycle_ctx, sizeof(PendingReservation) * (m + 1));
     wk = (WorkerEndpoint **) MemoryContextAllocZero(W.cycle_ctx, sizeof(WorkerEndpoint *) * (m + 1));
     from = (od::ReadyKey *) MemoryContextAllocZero(W.cycle_ctx, sizeof(od::ReadyKey) * (m + 1));
-    from_at = (TimestampTz *) MemoryContextAllocZero(W.cycle_ctx, sizeof(TimestampTz) * (m + 1));
-    from_id = (int64 *) MemoryContextAllocZero(W.cycle_ctx, sizeof(int64) * (m + 1));
     first = (od::ReadyKey *) MemoryContextAllocZero(W.cycle_ctx, sizeof(od::ReadyKey) * (m + 1));
     W.next_quota_at = 0;
     W.n_pending = 0;
@@ -236,13 +229,9 @@ do_claim(int capacity, bool with_finalize)
         }
     }
     for (int k = 0; k < m; k++)
-    {
         from[k] = od::ready_scan_from(wk[k]->floor, now);
-        from_at[k] = from[k].at_us; /* kFirstKey is (-infinity, least bigint) to SQL */
-        from_id[k] = from[k].id;
-    }
     reaped = od_claim(W.lease_owner, capacity, (int64) od_lease_ms * 1000, od_max_attempts, names, quotas, takeover,
-                      from_at, from_id, m,
+                      from, m,
                       (check_leases ? OD_CLAIM_CHECK_LEASES : 0) |
                           (od_schema_records_commit_order(W.schema) ? OD_CLAIM_COMMIT_ORDER : 0));
     n = (int) SPI_processed;
