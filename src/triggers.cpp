@@ -42,6 +42,8 @@ PG_FUNCTION_INFO_V1(od_endpoint_check);
 PG_FUNCTION_INFO_V1(od_endpoint_disabled_trigger);
 PG_FUNCTION_INFO_V1(od_endpoint_check_v030);
 PG_FUNCTION_INFO_V1(od_subscription_check);
+PG_FUNCTION_INFO_V1(od_message_status_valid);
+PG_FUNCTION_INFO_V1(od_message_lease_valid);
 }
 
 /*
@@ -405,6 +407,38 @@ od_check_message_values(Datum aggregate_type, Datum aggregate_id, Datum event_ty
     check_payload_size(payload);
     if (!available_at_null)
         check_available_at(available_at);
+}
+
+/*
+ * The CHECK constraints of outbox.messages: messages_status_check is
+ * _message_status_valid(status), messages_lease_check is
+ * _message_lease_valid(status, lease_until) (why C functions: see
+ * _message_status_valid in the extension script).  As the SQL expressions
+ * they replace: a NULL status gives NULL (the constraint holds; status is
+ * NOT NULL anyway), and the comparison is of bytes, as text = text is
+ * under the deterministic collations a database can have.
+ */
+extern "C" Datum
+od_message_status_valid(PG_FUNCTION_ARGS)
+{
+    text *status;
+
+    if (PG_ARGISNULL(0))
+        PG_RETURN_NULL();
+    status = PG_GETARG_TEXT_PP(0);
+    PG_RETURN_BOOL(od::message_status_is_valid(VARDATA_ANY(status), VARSIZE_ANY_EXHDR(status)));
+}
+
+extern "C" Datum
+od_message_lease_valid(PG_FUNCTION_ARGS)
+{
+    text *status;
+
+    if (PG_ARGISNULL(0))
+        PG_RETURN_NULL();
+    status = PG_GETARG_TEXT_PP(0);
+    PG_RETURN_BOOL(
+        od::message_lease_is_consistent(VARDATA_ANY(status), VARSIZE_ANY_EXHDR(status), !PG_ARGISNULL(1)));
 }
 
 /*

@@ -425,4 +425,21 @@ const char *check_oauth_value(const char *v, std::size_t len, bool scope) noexce
     return nullptr;
 }
 
+namespace {
+
+bool text_is(const char *s, std::size_t len, const char *word) noexcept {
+    return len == std::strlen(word) && std::memcmp(s, word, len) == 0;
+}
+
+} // namespace
+
+bool message_status_is_valid(const char *status, std::size_t len) noexcept {
+    return text_is(status, len, "pending") || text_is(status, len, "processing") || text_is(status, len, "done") ||
+           text_is(status, len, "dead");
+}
+
+bool message_lease_is_consistent(const char *status, std::size_t len, bool has_lease) noexcept {
+    return text_is(status, len, "processing") == has_lease;
+}
+
 } // namespace od

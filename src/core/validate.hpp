@@ -141,4 +141,15 @@ std::size_t base64_encode(const unsigned char *in, std::size_t len, char *out);
  */
 std::size_t redact_url(const char *url, std::size_t len, char *out, std::size_t outsz) noexcept;
 
+/*
+ * The two CHECK constraints of outbox.messages (see _message_status_valid
+ * in the extension script for why they are C functions).
+ * messages_status_check: status is pending, processing, done or dead
+ * (exactly: no other case, no padding).
+ */
+bool message_status_is_valid(const char *status, std::size_t len) noexcept;
+
+/* messages_lease_check: a row has a lease (lease_until set) exactly when its status is processing. */
+bool message_lease_is_consistent(const char *status, std::size_t len, bool has_lease) noexcept;
+
 } // namespace od

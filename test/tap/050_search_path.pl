@@ -899,9 +899,13 @@ sub run_sql_api
 		"t\n1\n1\n0\n0\nt\nt\nt\nt\nt",
 		"$label: subscriptions, subscribers, publish, recover, replay_window, rotate_secret");
 	like($run->('SELECT outbox.metrics()'), qr/^outbox_messages\{status="done"\} \d+$/m, "$label: metrics()");
+	# the CHECK constraints of messages (every insert and update above called them too)
+	is( $run->(q{SELECT outbox._message_status_valid('done'), outbox._message_status_valid('Done'),
+	                    outbox._message_lease_valid('processing', now()), outbox._message_lease_valid('done', now())}),
+		't|f|t|f', "$label: _message_status_valid, _message_lease_valid");
 	$CALLED{$_} = 1 for qw(enqueue claim mark_done reschedule mark_dead retry retry_dead skip replay
 	  move_messages pause_endpoint resume_endpoint wake _prom_label _lost_leases metrics purge
-	  publish subscribers recover replay_window rotate_secret);
+	  publish subscribers recover replay_window rotate_secret _message_status_valid _message_lease_valid);
 	# every function without arguments (_worker_stats, _endpoint_health, and any added later)
 	for my $f (split /\n/, sq(q{SELECT p.proname FROM pg_proc p
 	                             WHERE p.pronamespace = 'outbox'::regnamespace AND p.pronargs = 0

@@ -392,3 +392,25 @@ TEST(Validate, OAuthValues) {
     EXPECT_NE(od::check_oauth_value("a\tb", 3, true), nullptr);
     EXPECT_STREQ(od::check_oauth_value("   ", 3, true), "must not be blank");
 }
+
+TEST(Validate, MessageStatus) {
+    for (const char *s : { "pending", "processing", "done", "dead" })
+        EXPECT_TRUE(od::message_status_is_valid(s, std::strlen(s))) << s;
+    for (const char *s : { "", "Pending", "DONE", "done ", " done", "pend", "pendings", "processin", "retry", "defer" })
+        EXPECT_FALSE(od::message_status_is_valid(s, std::strlen(s))) << s;
+    EXPECT_FALSE(od::message_status_is_valid(nullptr, 0));
+    /* the length counts, not a terminating NUL */
+    EXPECT_FALSE(od::message_status_is_valid("done\0x", 6));
+    EXPECT_TRUE(od::message_status_is_valid("donexyz", 4));
+}
+
+TEST(Validate, MessageLease) {
+    EXPECT_TRUE(od::message_lease_is_consistent("processing", 10, true));
+    EXPECT_FALSE(od::message_lease_is_consistent("processing", 10, false));
+    for (const char *s : { "pending", "done", "dead" }) {
+        EXPECT_TRUE(od::message_lease_is_consistent(s, std::strlen(s), false)) << s;
+        EXPECT_FALSE(od::message_lease_is_consistent(s, std::strlen(s), true)) << s;
+    }
+    EXPECT_FALSE(od::message_lease_is_consistent("Processing", 10, true));
+    EXPECT_TRUE(od::message_lease_is_consistent("Processing", 10, false));
+}

@@ -217,6 +217,29 @@ SELECT name FROM outbox.endpoints ORDER BY name;
 RESET ROLE;
 
 -- ------------------------------------------------------------------
+-- A role given INSERT on the table directly, instead of membership in
+-- outbox_producer, also needs EXECUTE on the two functions of the table's
+-- CHECK constraints (messages_status_check, messages_lease_check).
+-- ------------------------------------------------------------------
+GRANT USAGE ON SCHEMA outbox TO regress_outbox_nobody;
+GRANT INSERT (aggregate_type, aggregate_id, event_type, payload) ON outbox.messages TO regress_outbox_nobody;
+SET ROLE regress_outbox_nobody;
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload)
+VALUES ('order', '5', 'order.created', '{}');
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION outbox._message_status_valid(text),
+                          outbox._message_lease_valid(text, timestamptz) TO regress_outbox_nobody;
+SET ROLE regress_outbox_nobody;
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload)
+VALUES ('order', '5', 'order.created', '{}');
+RESET ROLE;
+SELECT aggregate_id, status FROM outbox.messages WHERE aggregate_id = '5';
+REVOKE ALL ON FUNCTION outbox._message_status_valid(text),
+                       outbox._message_lease_valid(text, timestamptz) FROM regress_outbox_nobody;
+REVOKE ALL ON outbox.messages FROM regress_outbox_nobody;
+REVOKE USAGE ON SCHEMA outbox FROM regress_outbox_nobody;
+
+-- ------------------------------------------------------------------
 -- Clean up the login roles.
 -- ------------------------------------------------------------------
 DROP ROLE regress_outbox_producer, regress_outbox_monitor,

@@ -14,8 +14,11 @@ DELETE FROM outbox.endpoints;
 INSERT INTO outbox.endpoints (name, url) VALUES ('default', 'http://127.0.0.1:9/hook');
 
 -- ------------------------------------------------------------------
--- search_path: every function of the extension pins it, except the two
--- trigger functions on the producers' insert path, which run no SQL.
+-- search_path: every function of the extension pins it, except those on
+-- the producers' insert path, which run no SQL: three trigger functions and
+-- the two functions of the CHECK constraints of outbox.messages (called
+-- for every row written: a SET clause would cost a setting's save and
+-- restore each time).
 -- ------------------------------------------------------------------
 SELECT p.proname, p.prosecdef AS security_definer,
        coalesce(array_to_string(p.proconfig, ','), '(none)') AS config

@@ -195,6 +195,25 @@ INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload)
 VALUES ('order', '2', 'order.created', jsonb_build_object('k', repeat('x', 1000)));
 UPDATE outbox.messages SET payload = jsonb_build_object('k', repeat('x', 56)) WHERE id = 1;
 
+-- The state columns (only administrators and the workers write them):
+-- status is pending, processing, done or dead (messages_status_check), and
+-- lease_until is set exactly when status is processing
+-- (messages_lease_check).  Terse: the errors' detail quotes the row.
+\set VERBOSITY terse
+UPDATE outbox.messages SET status = 'retry' WHERE id = 1;
+UPDATE outbox.messages SET status = 'Done' WHERE id = 1;
+UPDATE outbox.messages SET status = 'done ' WHERE id = 1;
+UPDATE outbox.messages SET status = '' WHERE id = 1;
+UPDATE outbox.messages SET status = 'processing' WHERE id = 1;
+UPDATE outbox.messages SET lease_until = now() + interval '1 minute' WHERE id = 1;
+UPDATE outbox.messages SET status = 'done', lease_until = now() WHERE id = 1;
+\set VERBOSITY default
+-- The functions behind them, as the SQL they stand for: NULL in, NULL out.
+SELECT outbox._message_status_valid(NULL) AS status_null,
+       outbox._message_lease_valid(NULL, now()) AS lease_status_null,
+       outbox._message_lease_valid('processing', NULL) AS processing_without_lease,
+       outbox._message_lease_valid('pending', NULL) AS pending_without_lease;
+
 -- Nothing changed.
 SELECT endpoints, messages, fingerprint = :'before' AS unchanged FROM pg_temp.state();
 
@@ -204,6 +223,14 @@ SELECT outbox.enqueue('order', '2', 'order.created', jsonb_build_object('k', rep
 SELECT length(payload::text) AS payload_bytes FROM outbox.messages WHERE aggregate_id = '2';
 ROLLBACK;
 RESET outbox_dispatcher.max_payload_bytes;
+
+-- A lease with status processing, and no lease otherwise, is accepted (rolled back).
+BEGIN;
+UPDATE outbox.messages SET status = 'processing', lease_until = now() + interval '1 minute' WHERE id = 1
+RETURNING status, lease_until IS NOT NULL AS leased;
+UPDATE outbox.messages SET status = 'dead', lease_until = NULL WHERE id = 1
+RETURNING status, lease_until IS NOT NULL AS leased;
+ROLLBACK;
 
 -- ==================================================================
 -- Worker and operator functions
