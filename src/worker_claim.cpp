@@ -236,29 +236,37 @@ do_claim(int capacity, bool with_finalize)
                           (od_schema_records_commit_order(W.schema) ? OD_CLAIM_COMMIT_ORDER : 0));
     n = (int) SPI_processed;
     rows = (ClaimRow *) MemoryContextAllocZero(W.cycle_ctx, sizeof(ClaimRow) * (n + 1));
+    if (SPI_tuptable->tupdesc->natts != OD_CLAIM_ALL_NATTS)
+        elog(ERROR, "outbox_dispatcher: the claim returned %d columns, not %d", SPI_tuptable->tupdesc->natts,
+             OD_CLAIM_ALL_NATTS);
     for (int i = 0; i < n; i++)
     {
-        HeapTuple     tup = SPI_tuptable->vals[i];
-        TupleDesc     desc = SPI_tuptable->tupdesc;
-        bool          isnull;
-        Datum         d;
+        /*
+         * Each row is taken apart once: reading its columns one by one
+         * (SPI_getbinval, SPI_getvalue) walks it from the start for each
+         * column after the first text one, and looks up the output function
+         * of each text column again.  The columns are those of
+         * SQL_CLAIM_UPDATE's RETURNING list, all NOT NULL but headers.
+         */
+        Datum         v[OD_CLAIM_ALL_NATTS];
+        bool          isnull[OD_CLAIM_ALL_NATTS];
         MemoryContext old = MemoryContextSwitchTo(W.cycle_ctx);
 
-        rows[i].id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-        rows[i].lease_version = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
-        rows[i].attempts = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
-        rows[i].endpoint = SPI_getvalue(tup, desc, 4);
-        rows[i].aggregate_type = SPI_getvalue(tup, desc, 5);
-        rows[i].aggregate_id = SPI_getvalue(tup, desc, 6);
-        rows[i].event_type = SPI_getvalue(tup, desc, 7);
-        rows[i].payload = SPI_getvalue(tup, desc, 8);
-        d = SPI_getbinval(tup, desc, 9, &isnull);
+        heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, v, isnull);
+        rows[i].id = DatumGetInt64(v[0]);
+        rows[i].lease_version = DatumGetInt64(v[1]);
+        rows[i].attempts = DatumGetInt32(v[2]);
+        rows[i].endpoint = TextDatumGetCString(v[3]);
+        rows[i].aggregate_type = TextDatumGetCString(v[4]);
+        rows[i].aggregate_id = TextDatumGetCString(v[5]);
+        rows[i].event_type = TextDatumGetCString(v[6]);
+        rows[i].payload = DatumGetCString(DirectFunctionCall1(jsonb_out, v[7]));
         /* checked again here: rows written before the limits were lowered, or by a superuser */
-        rows[i].reject = isnull ? nullptr : message_headers_problem(d);
-        rows[i].headers = (isnull || rows[i].reject) ? pstrdup("") : od_header_lines_text(d);
-        rows[i].created_at_us = od_unix_micros(DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull)));
-        rows[i].lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, OD_CLAIM_NATTS + 1, &isnull));
-        rows[i].position.at_us = DatumGetTimestampTz(SPI_getbinval(tup, desc, OD_CLAIM_NATTS + 2, &isnull));
+        rows[i].reject = isnull[8] ? nullptr : message_headers_problem(v[8]);
+        rows[i].headers = (isnull[8] || rows[i].reject) ? pstrdup("") : od_header_lines_text(v[8]);
+        rows[i].created_at_us = od_unix_micros(DatumGetTimestampTz(v[10]));
+        rows[i].lease_until = DatumGetTimestampTz(v[OD_CLAIM_NATTS]);
+        rows[i].position.at_us = DatumGetTimestampTz(v[OD_CLAIM_NATTS + 1]);
         rows[i].position.id = rows[i].id;
         if (rows[i].reject)
             n_rejected++;
