@@ -236,7 +236,7 @@ do_claim(int capacity, bool with_finalize)
                           (od_schema_records_commit_order(W.schema) ? OD_CLAIM_COMMIT_ORDER : 0));
     n = (int) SPI_processed;
     rows = (ClaimRow *) MemoryContextAllocZero(W.cycle_ctx, sizeof(ClaimRow) * (n + 1));
-    if (SPI_tuptable->tupdesc->natts != OD_CLAIM_ALL_NATTS)
+    if (n > 0 && SPI_tuptable->tupdesc->natts != OD_CLAIM_ALL_NATTS)
         elog(ERROR, "outbox_dispatcher: the claim returned %d columns, not %d", SPI_tuptable->tupdesc->natts,
              OD_CLAIM_ALL_NATTS);
     for (int i = 0; i < n; i++)
