@@ -8,14 +8,28 @@
 #include "core/attempt_log.hpp"
 
 extern "C" {
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
+#include "executor/executor.h"
+#include "miscadmin.h"
+#include "partitioning/partbounds.h"
+#include "partitioning/partdesc.h"
 #include "storage/lmgr.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/partcache.h"
+#include "utils/rel.h"
+#include "utils/rls.h"
 #include "utils/timestamp.h"
 }
+
+#include "pg_compat.h"
 
 static SPIPlanPtr plan_log = nullptr;
 
@@ -28,6 +42,145 @@ static const char *const SQL_LOG_ATTEMPTS =
     " SELECT unnest($1::bigint[]), unnest($2::bigint[]), unnest($3::int[]), unnest($4::text[]), unnest($5::int[]),"
     "        unnest($6::timestamptz[]), unnest($7::float8[]), unnest($8::text[]), unnest($9::int[]),"
     "        unnest($10::text[]), unnest($11::text[]), unnest($12::text[]), unnest($13::int2[])";
+
+/* The columns of outbox.attempts in table order, as od_log_attempts fills them. */
+static const struct
+{
+    const char *name;
+    Oid         type;
+} kColumns[13] = {
+    { "message_id", INT8OID },     { "lease_version", INT8OID }, { "attempt", INT4OID },
+    { "endpoint", TEXTOID },       { "worker", INT4OID },        { "started_at", TIMESTAMPTZOID },
+    { "duration_ms", FLOAT8OID },  { "outcome", TEXTOID },       { "http_status", INT4OID },
+    { "error_class", TEXTOID },    { "retry_after", TEXTOID },   { "response_body", TEXTOID },
+    { "bucket", INT2OID },
+};
+static const AttrNumber kBucketAttno = 13;
+
+/* The table's columns are exactly kColumns (none dropped, added or generated). */
+static bool
+layout_is_ours(TupleDesc desc)
+{
+    if (desc->natts != lengthof(kColumns))
+        return false;
+    for (int i = 0; i < desc->natts; i++)
+    {
+        Form_pg_attribute a = TupleDescAttr(desc, i);
+
+        if (a->attisdropped || a->attgenerated != '\0' || a->atttypid != kColumns[i].type ||
+            strcmp(NameStr(a->attname), kColumns[i].name) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* The partition of `parent` (LIST on bucket) that holds `bucket`; InvalidOid if none or another scheme. */
+static Oid
+partition_of_bucket(Relation parent, int16 bucket)
+{
+    PartitionKey       key = RelationGetPartitionKey(parent);
+    PartitionDesc      pd = RelationGetPartitionDesc(parent, true);
+    PartitionBoundInfo b = pd->boundinfo;
+
+    if (key->strategy != PARTITION_STRATEGY_LIST || key->partnatts != 1 || key->partattrs[0] != kBucketAttno ||
+        b == nullptr)
+        return InvalidOid;
+    for (int i = 0; i < b->ndatums; i++)
+        if (DatumGetInt16(b->datums[i][0]) == bucket && b->indexes[i] >= 0)
+            return pd->oids[b->indexes[i]];
+    return InvalidOid;
+}
+
+/*
+ * The rows of one bucket written straight into its partition, as COPY does:
+ * one heap_multi_insert (one WAL record per page instead of one per row),
+ * then each row's index entries; no statement to plan, start and route.
+ * Only where that is exactly what the INSERT through outbox.attempts would
+ * do: the worker's role may insert into it, no row-level security, no
+ * trigger or rule, no CHECK constraint, no deferred unique index, the table as the
+ * extension made it, and a partition (a plain table) found for the bucket.
+ * Otherwise false, having written nothing, and the caller runs the INSERT
+ * (which then also raises whatever error applies).  NOT NULL is checked
+ * here as the INSERT would (ExecConstraints).
+ */
+static bool
+insert_direct(Datum *const *cols, bool *const *nulls, int n, int16 bucket)
+{
+    Oid            nsp = get_namespace_oid("outbox", true);
+    Oid            parent_oid = OidIsValid(nsp) ? get_relname_relid("attempts", nsp) : InvalidOid;
+    Relation       parent;
+    Relation       part = nullptr;
+    Oid            part_oid = InvalidOid;
+    EState        *estate;
+    ResultRelInfo *rri;
+    TupleDesc      desc;
+    TupleTableSlot **slots;
+    bool           usable;
+
+    if (!OidIsValid(parent_oid) || pg_class_aclcheck(parent_oid, GetUserId(), ACL_INSERT) != ACLCHECK_OK ||
+        check_enable_rls(parent_oid, InvalidOid, true) == RLS_ENABLED)
+        return false;
+    parent = table_open(parent_oid, RowExclusiveLock);
+    if (parent->rd_rel->relkind == RELKIND_PARTITIONED_TABLE && parent->trigdesc == nullptr && parent->rd_rules == nullptr &&
+        layout_is_ours(RelationGetDescr(parent)))
+        part_oid = partition_of_bucket(parent, bucket);
+    if (OidIsValid(part_oid))
+        part = table_open(part_oid, RowExclusiveLock);
+    usable = part != nullptr && part->rd_rel->relkind == RELKIND_RELATION && part->trigdesc == nullptr &&
+             layout_is_ours(RelationGetDescr(part)) &&
+             (part->rd_att->constr == nullptr || part->rd_att->constr->num_check == 0);
+    if (!usable)
+    {
+        if (part != nullptr)
+            table_close(part, NoLock);
+        table_close(parent, NoLock);
+        return false;
+    }
+
+    estate = CreateExecutorState();
+    rri = makeNode(ResultRelInfo);
+    InitResultRelInfo(rri, part, 0, nullptr, 0);
+    ExecOpenIndices(rri, false);
+    for (int i = 0; i < rri->ri_NumIndices; i++)
+        if (!rri->ri_IndexRelationDescs[i]->rd_index->indimmediate)
+            usable = false; /* a deferred unique check would need an after-trigger event */
+    if (!usable)
+    {
+        ExecCloseIndices(rri);
+        FreeExecutorState(estate);
+        table_close(part, NoLock);
+        table_close(parent, NoLock);
+        return false;
+    }
+
+    desc = RelationGetDescr(part);
+    slots = (TupleTableSlot **) palloc(sizeof(TupleTableSlot *) * n);
+    for (int i = 0; i < n; i++)
+    {
+        slots[i] = MakeSingleTupleTableSlot(desc, table_slot_callbacks(part));
+        for (int c = 0; c < desc->natts; c++)
+        {
+            slots[i]->tts_values[c] = cols[c][i];
+            slots[i]->tts_isnull[c] = nulls[c][i];
+        }
+        ExecStoreVirtualTuple(slots[i]);
+        if (desc->constr != nullptr)
+            ExecConstraints(rri, slots[i], estate);
+    }
+    table_multi_insert(part, slots, n, GetCurrentCommandId(true), 0, nullptr);
+    for (int i = 0; i < n; i++)
+    {
+        ResetPerTupleExprContext(estate);
+        od_insert_index_tuples(rri, slots[i], estate);
+        ExecDropSingleTupleTableSlot(slots[i]);
+    }
+    ExecCloseIndices(rri);
+    FreeExecutorState(estate);
+    table_close(part, NoLock);
+    table_close(parent, NoLock);
+    CommandCounterIncrement();
+    return true;
+}
 
 void
 od_log_attempts(const OdAttempt *rows, int n)
@@ -71,6 +224,14 @@ od_log_attempts(const OdAttempt *rows, int n)
         nulls[11][i] = (r->body == nullptr);
         cols[11][i] = r->body ? CStringGetTextDatum(r->body) : (Datum) 0;
         cols[12][i] = Int16GetDatum((int16) od::attempt_bucket(od::attempt_day(unix_us)));
+    }
+    {
+        bool one_bucket = true;
+
+        for (int i = 1; i < n && one_bucket; i++)
+            one_bucket = DatumGetInt16(cols[12][i]) == DatumGetInt16(cols[12][0]);
+        if (one_bucket && insert_direct(cols, nulls, n, DatumGetInt16(cols[12][0])))
+            return;
     }
     for (int c = 0; c < 13; c++)
         args[c] = PointerGetDatum(od_build_array(cols[c], nulls[c], n, elem[c]));

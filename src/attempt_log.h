@@ -24,7 +24,12 @@ typedef struct OdAttempt
     const char *body;        /* sanitized response body prefix; NULL = empty */
 } OdAttempt;
 
-/* Insert the rows in one statement.  Needs SPI, inside the finalize's transaction. */
+/*
+ * Insert the rows, inside the finalize's transaction: straight into the
+ * day's partition when nothing (a trigger, a rule, row-level security, a
+ * CHECK constraint, a changed table) needs the INSERT; else one INSERT
+ * through SPI.
+ */
 extern void od_log_attempts(const OdAttempt *rows, int n);
 
 /*

@@ -8,6 +8,7 @@
 
 extern "C" {
 #include "postgres.h"
+#include "executor/executor.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
 }
@@ -24,6 +25,21 @@ od_create_wait_event_set(int nevents)
     return CreateWaitEventSet(NULL, nevents);
 #else
     return CreateWaitEventSet(TopMemoryContext, nevents);
+#endif
+}
+
+/*
+ * The index entries of a row just inserted (no unique check deferred, no
+ * ON CONFLICT).  PostgreSQL 16 added the last argument (only the
+ * summarizing indexes, after a HOT update).
+ */
+static inline void
+od_insert_index_tuples(ResultRelInfo *rri, TupleTableSlot *slot, EState *estate)
+{
+#if PG_VERSION_NUM >= 160000
+    (void) ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL, false);
+#else
+    (void) ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL);
 #endif
 }
 

@@ -67,7 +67,12 @@
 #     emptied, is deleted too.
 #   - the log never holds deliveries back: with today's partition detached,
 #     deliveries are finalized all the same and a WARNING says what was not
-#     logged (the insert runs in a subtransaction).
+#     logged (the insert runs in a subtransaction);
+#   - the workers write the log straight into the day's partition: the WAL
+#     (pg_walinspect) between two points shows multi-insert records for it
+#     and no single-row insert, and the rows' columns are right; with a
+#     trigger on outbox.attempts the rows go through the INSERT, which
+#     fires it once per row.
 #
 # Run: see 010_delivery.pl.
 use strict;
@@ -760,6 +765,50 @@ is(sql('SELECT count(*) FROM outbox.attempts WHERE message_id IN (' . in_list($p
 	'attempt log failing: nothing of them logged');
 sql("ALTER TABLE outbox.attempts ATTACH PARTITION $today_part FOR VALUES IN ("
 	  . sql('SELECT mod(floor(extract(epoch FROM now()) / 86400)::bigint, 32)') . ')');
+
+# The workers write a batch's log rows straight into the day's partition, as
+# COPY does (one WAL record per page, not one per row); a trigger on the
+# table sends them through the INSERT instead, which fires it.
+sql('CREATE EXTENSION pg_walinspect');
+my $wal_from = sql('SELECT pg_current_wal_insert_lsn()');
+my $pm = [ map { +{ key => "p4-m$_", agg_type => 'fl', agg_id => "m$_", type => 'flaky.m', payload => { n => $_ } } } 1 .. 10 ];
+publish_events($pm);
+load_rows($pm);
+my $pm_ids = [ map { @{ $_->{rows} } } @$pm ];
+ok(poll_until($node, 'SELECT count(*) FROM outbox.messages WHERE status = \'done\' AND id IN (' . in_list($pm_ids) . ')', '20', 30)
+	  && poll_until($node, 'SELECT count(*) = (SELECT sum(attempts) FROM outbox.messages WHERE id IN (' . in_list($pm_ids) . '))
+	                          FROM outbox.attempts WHERE message_id IN (' . in_list($pm_ids) . ')', 't', 30),
+	'attempt log, direct: 20 deliveries done, one row per attempt');
+sql('SELECT pg_current_xact_id()');    # a synchronous commit: the WAL read below is flushed
+my $wal_to = sql('SELECT pg_current_wal_flush_lsn()');
+is( sql(qq{SELECT count(*) FILTER (WHERE record_type LIKE 'MULTI_INSERT%') > 0,
+                  count(*) FILTER (WHERE resource_manager = 'Heap' AND record_type LIKE 'INSERT%')
+             FROM pg_get_wal_records_info('$wal_from', '$wal_to')
+            WHERE block_ref ~ ('/' || pg_relation_filenode('$today_part') || '([^0-9]|\$)')}),
+	't|0', 'attempt log, direct: the partition got multi-insert records and no single-row insert');
+is( sql('SELECT count(*) FILTER (WHERE endpoint = \'flaky\' AND attempt = 1 AND http_status = 503 AND outcome = \'retry\')
+              || \'|\' || count(*) FILTER (WHERE http_status = 200 AND outcome = \'done\' AND error_class IS NULL
+                                             AND bucket = mod(floor(extract(epoch FROM started_at) / 86400)::bigint, 32))
+           FROM outbox.attempts WHERE message_id IN (' . in_list($pm_ids) . ')'),
+	'10|20', 'attempt log, direct: flaky\'s 503s and the 20 successes with their columns');
+
+sql(q{CREATE TABLE public.attempts_seen (message_id bigint, outcome text);
+CREATE FUNCTION public.attempts_seen() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN INSERT INTO public.attempts_seen VALUES (NEW.message_id, NEW.outcome); RETURN NEW; END $$;
+CREATE TRIGGER attempts_seen BEFORE INSERT ON outbox.attempts FOR EACH ROW EXECUTE FUNCTION public.attempts_seen();});
+my $pt = [ map { +{ key => "p4-t$_", agg_type => 'fl', agg_id => "t$_", type => 'flaky.t', payload => { n => $_ } } } 1 .. 5 ];
+publish_events($pt);
+load_rows($pt);
+my $pt_ids = [ map { @{ $_->{rows} } } @$pt ];
+ok(poll_until($node, 'SELECT count(*) FROM outbox.messages WHERE status = \'done\' AND id IN (' . in_list($pt_ids) . ')', '10', 30)
+	  && poll_until($node, 'SELECT count(*) = (SELECT sum(attempts) FROM outbox.messages WHERE id IN (' . in_list($pt_ids) . '))
+	                          FROM outbox.attempts WHERE message_id IN (' . in_list($pt_ids) . ')', 't', 30),
+	'attempt log, with a trigger on the table: 10 deliveries done, one row per attempt');
+is( sql('SELECT (SELECT count(*) FROM public.attempts_seen WHERE message_id IN (' . in_list($pt_ids) . '))
+              = (SELECT count(*) FROM outbox.attempts WHERE message_id IN (' . in_list($pt_ids) . '))'),
+	't', 'attempt log, with a trigger on the table: it fired for every row (the INSERT wrote them)');
+sql('DROP TRIGGER attempts_seen ON outbox.attempts; DROP FUNCTION public.attempts_seen(); DROP TABLE public.attempts_seen;'
+	  . ' DROP EXTENSION pg_walinspect');
 
 # ------------------------------------------------------------------ 5. attempt-log retention
 # rows at noon UTC of past days, in their day's bucket; message_id < 0 marks them
