@@ -769,16 +769,25 @@ sql("ALTER TABLE outbox.attempts ATTACH PARTITION $today_part FOR VALUES IN ("
 # The workers write a batch's log rows straight into the day's partition, as
 # COPY does (one WAL record per page, not one per row); a trigger on the
 # table sends them through the INSERT instead, which fires it.
+#
+# $n flaky.<tag> events (to flaky and audit); true once their 2 * $n
+# deliveries are done and logged, one row per attempt.  Their ids in @$ids.
+sub deliver_logged
+{
+	my ($tag, $n, $ids) = @_;
+	my $events = [ map { +{ key => "p4-$tag$_", agg_type => 'fl', agg_id => "$tag$_", type => "flaky.$tag", payload => { n => $_ } } } 1 .. $n ];
+	publish_events($events);
+	load_rows($events);
+	@$ids = map { @{ $_->{rows} } } @$events;
+	my $in = in_list($ids);
+	return poll_until($node, "SELECT count(*) FROM outbox.messages WHERE status = 'done' AND id IN ($in)", 2 * $n, 30)
+	  && poll_until($node, "SELECT count(*) = (SELECT sum(attempts) FROM outbox.messages WHERE id IN ($in))
+	                          FROM outbox.attempts WHERE message_id IN ($in)", 't', 30);
+}
 sql('CREATE EXTENSION pg_walinspect');
 my $wal_from = sql('SELECT pg_current_wal_insert_lsn()');
-my $pm = [ map { +{ key => "p4-m$_", agg_type => 'fl', agg_id => "m$_", type => 'flaky.m', payload => { n => $_ } } } 1 .. 10 ];
-publish_events($pm);
-load_rows($pm);
-my $pm_ids = [ map { @{ $_->{rows} } } @$pm ];
-ok(poll_until($node, 'SELECT count(*) FROM outbox.messages WHERE status = \'done\' AND id IN (' . in_list($pm_ids) . ')', '20', 30)
-	  && poll_until($node, 'SELECT count(*) = (SELECT sum(attempts) FROM outbox.messages WHERE id IN (' . in_list($pm_ids) . '))
-	                          FROM outbox.attempts WHERE message_id IN (' . in_list($pm_ids) . ')', 't', 30),
-	'attempt log, direct: 20 deliveries done, one row per attempt');
+my $pm_ids = [];
+ok(deliver_logged('m', 10, $pm_ids), 'attempt log, direct: 20 deliveries done, one row per attempt');
 sql('SELECT pg_current_xact_id()');    # a synchronous commit: the WAL read below is flushed
 my $wal_to = sql('SELECT pg_current_wal_flush_lsn()');
 is( sql(qq{SELECT count(*) FILTER (WHERE record_type LIKE 'MULTI_INSERT%') > 0,
@@ -796,14 +805,8 @@ sql(q{CREATE TABLE public.attempts_seen (message_id bigint, outcome text);
 CREATE FUNCTION public.attempts_seen() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN INSERT INTO public.attempts_seen VALUES (NEW.message_id, NEW.outcome); RETURN NEW; END $$;
 CREATE TRIGGER attempts_seen BEFORE INSERT ON outbox.attempts FOR EACH ROW EXECUTE FUNCTION public.attempts_seen();});
-my $pt = [ map { +{ key => "p4-t$_", agg_type => 'fl', agg_id => "t$_", type => 'flaky.t', payload => { n => $_ } } } 1 .. 5 ];
-publish_events($pt);
-load_rows($pt);
-my $pt_ids = [ map { @{ $_->{rows} } } @$pt ];
-ok(poll_until($node, 'SELECT count(*) FROM outbox.messages WHERE status = \'done\' AND id IN (' . in_list($pt_ids) . ')', '10', 30)
-	  && poll_until($node, 'SELECT count(*) = (SELECT sum(attempts) FROM outbox.messages WHERE id IN (' . in_list($pt_ids) . '))
-	                          FROM outbox.attempts WHERE message_id IN (' . in_list($pt_ids) . ')', 't', 30),
-	'attempt log, with a trigger on the table: 10 deliveries done, one row per attempt');
+my $pt_ids = [];
+ok(deliver_logged('t', 5, $pt_ids), 'attempt log, with a trigger on the table: 10 deliveries done, one row per attempt');
 is( sql('SELECT (SELECT count(*) FROM public.attempts_seen WHERE message_id IN (' . in_list($pt_ids) . '))
               = (SELECT count(*) FROM outbox.attempts WHERE message_id IN (' . in_list($pt_ids) . '))'),
 	't', 'attempt log, with a trigger on the table: it fired for every row (the INSERT wrote them)');
