@@ -128,7 +128,14 @@ SQL
     l1=$($P -c 'SELECT pg_current_wal_insert_lsn()')
     wal=$($P -c "SELECT round(pg_wal_lsn_diff('$l1', '$l0') / $n)")
     su postgres -c "$PGBIN/pg_ctl -D $WORK/data -m fast stop" >/dev/null
-    for _ in $(seq 100); do [ -s "$out/cg.$worker" ] && break; sleep 0.1; done
+    # pg_ctl returns when the postmaster is gone; its children under valgrind may
+    # still be writing their files: wait for the worker's to be complete (its
+    # totals line is written last) and for every process of this cluster to end,
+    # so that neither the result nor the cleanup reads a file being written
+    for _ in $(seq 600); do grep -qs '^totals: ' "$out/cg.$worker" && break; sleep 0.1; done
+    for _ in $(seq 600); do pgrep -f "callgrind-out-file=$out/" >/dev/null || break; sleep 0.1; done
+    grep -qs '^totals: ' "$out/cg.$worker" ||
+        { echo "worker_instructions.sh: no totals in $out/cg.$worker" >&2; exit 1; }
     echo "$(sed -n 's/^totals: //p' "$out/cg.$worker") $wal"
     [ "${KEEP:-0}" = 1 ] && echo "callgrind file: $out/cg.$worker" >&2
     return 0
