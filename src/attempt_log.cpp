@@ -91,70 +91,13 @@ partition_of_bucket(Relation parent, int16 bucket)
     return InvalidOid;
 }
 
-/*
- * The rows of one bucket written straight into its partition, as COPY does:
- * one heap_multi_insert (one WAL record per page instead of one per row),
- * then each row's index entries; no statement to plan, start and route.
- * Only where that is exactly what the INSERT through outbox.attempts would
- * do: the worker's role may insert into it, no row-level security, no
- * trigger or rule, no CHECK constraint, no deferred unique index, the table as the
- * extension made it, and a partition (a plain table) found for the bucket.
- * Otherwise false, having written nothing, and the caller runs the INSERT
- * (which then also raises whatever error applies).  NOT NULL is checked
- * here as the INSERT would (ExecConstraints).
- */
-static bool
-insert_direct(Datum *const *cols, bool *const *nulls, int n, int16 bucket)
+/* The rows into part (opened in rri with its indexes): the heap, then each row's index entries. */
+static void
+write_rows(Relation part, ResultRelInfo *rri, EState *estate, Datum *const *cols, bool *const *nulls, int n)
 {
-    Oid            nsp = get_namespace_oid("outbox", true);
-    Oid            parent_oid = OidIsValid(nsp) ? get_relname_relid("attempts", nsp) : InvalidOid;
-    Relation       parent;
-    Relation       part = nullptr;
-    Oid            part_oid = InvalidOid;
-    EState        *estate;
-    ResultRelInfo *rri;
-    TupleDesc      desc;
-    TupleTableSlot **slots;
-    bool           usable;
+    TupleDesc        desc = RelationGetDescr(part);
+    TupleTableSlot **slots = (TupleTableSlot **) palloc(sizeof(TupleTableSlot *) * n);
 
-    if (!OidIsValid(parent_oid) || pg_class_aclcheck(parent_oid, GetUserId(), ACL_INSERT) != ACLCHECK_OK ||
-        check_enable_rls(parent_oid, InvalidOid, true) == RLS_ENABLED)
-        return false;
-    parent = table_open(parent_oid, RowExclusiveLock);
-    if (parent->rd_rel->relkind == RELKIND_PARTITIONED_TABLE && parent->trigdesc == nullptr && parent->rd_rules == nullptr &&
-        layout_is_ours(RelationGetDescr(parent)))
-        part_oid = partition_of_bucket(parent, bucket);
-    if (OidIsValid(part_oid))
-        part = table_open(part_oid, RowExclusiveLock);
-    usable = part != nullptr && part->rd_rel->relkind == RELKIND_RELATION && part->trigdesc == nullptr &&
-             layout_is_ours(RelationGetDescr(part)) &&
-             (part->rd_att->constr == nullptr || part->rd_att->constr->num_check == 0);
-    if (!usable)
-    {
-        if (part != nullptr)
-            table_close(part, NoLock);
-        table_close(parent, NoLock);
-        return false;
-    }
-
-    estate = CreateExecutorState();
-    rri = makeNode(ResultRelInfo);
-    InitResultRelInfo(rri, part, 0, nullptr, 0);
-    ExecOpenIndices(rri, false);
-    for (int i = 0; i < rri->ri_NumIndices; i++)
-        if (!rri->ri_IndexRelationDescs[i]->rd_index->indimmediate)
-            usable = false; /* a deferred unique check would need an after-trigger event */
-    if (!usable)
-    {
-        ExecCloseIndices(rri);
-        FreeExecutorState(estate);
-        table_close(part, NoLock);
-        table_close(parent, NoLock);
-        return false;
-    }
-
-    desc = RelationGetDescr(part);
-    slots = (TupleTableSlot **) palloc(sizeof(TupleTableSlot *) * n);
     for (int i = 0; i < n; i++)
     {
         slots[i] = MakeSingleTupleTableSlot(desc, table_slot_callbacks(part));
@@ -174,30 +117,78 @@ insert_direct(Datum *const *cols, bool *const *nulls, int n, int16 bucket)
         od_insert_index_tuples(rri, slots[i], estate);
         ExecDropSingleTupleTableSlot(slots[i]);
     }
-    ExecCloseIndices(rri);
-    FreeExecutorState(estate);
-    table_close(part, NoLock);
+    pfree(slots);
+}
+
+/*
+ * The rows of one bucket written straight into its partition, as COPY does:
+ * one heap_multi_insert (one WAL record per page instead of one per row),
+ * then each row's index entries; no statement to plan, start and route.
+ * Only where that is exactly what the INSERT through outbox.attempts would
+ * do: the worker's role may insert into it, no row-level security, no
+ * trigger or rule, no CHECK constraint, no deferred unique index, the table as the
+ * extension made it, and a partition (a plain table) found for the bucket.
+ * Otherwise false, having written nothing, and the caller runs the INSERT
+ * (which then also raises whatever error applies).  NOT NULL is checked
+ * here as the INSERT would (ExecConstraints).
+ */
+static bool
+insert_direct(Datum *const *cols, bool *const *nulls, int n, int16 bucket)
+{
+    Oid      nsp = get_namespace_oid("outbox", true);
+    Oid      parent_oid = OidIsValid(nsp) ? get_relname_relid("attempts", nsp) : InvalidOid;
+    Relation parent;
+    Relation part = nullptr;
+    Oid      part_oid = InvalidOid;
+    bool     usable;
+
+    if (!OidIsValid(parent_oid) || pg_class_aclcheck(parent_oid, GetUserId(), ACL_INSERT) != ACLCHECK_OK ||
+        check_enable_rls(parent_oid, InvalidOid, true) == RLS_ENABLED)
+        return false;
+    parent = table_open(parent_oid, RowExclusiveLock);
+    if (parent->rd_rel->relkind == RELKIND_PARTITIONED_TABLE && parent->trigdesc == nullptr && parent->rd_rules == nullptr &&
+        layout_is_ours(RelationGetDescr(parent)))
+        part_oid = partition_of_bucket(parent, bucket);
+    if (OidIsValid(part_oid))
+        part = table_open(part_oid, RowExclusiveLock);
+    usable = part != nullptr && part->rd_rel->relkind == RELKIND_RELATION && part->trigdesc == nullptr &&
+             layout_is_ours(RelationGetDescr(part)) &&
+             (part->rd_att->constr == nullptr || part->rd_att->constr->num_check == 0);
+    if (usable)
+    {
+        EState        *estate = CreateExecutorState();
+        ResultRelInfo *rri = makeNode(ResultRelInfo);
+
+        InitResultRelInfo(rri, part, 0, nullptr, 0);
+        ExecOpenIndices(rri, false);
+        for (int i = 0; i < rri->ri_NumIndices; i++)
+            if (!rri->ri_IndexRelationDescs[i]->rd_index->indimmediate)
+                usable = false; /* a deferred unique check would need an after-trigger event */
+        if (usable)
+            write_rows(part, rri, estate, cols, nulls, n);
+        ExecCloseIndices(rri);
+        FreeExecutorState(estate);
+    }
+    if (part != nullptr)
+        table_close(part, NoLock);
     table_close(parent, NoLock);
-    CommandCounterIncrement();
-    return true;
+    if (usable)
+        CommandCounterIncrement();
+    return usable;
 }
 
 void
 od_log_attempts(const OdAttempt *rows, int n)
 {
-    static const Oid types[13] = { INT8ARRAYOID,   INT8ARRAYOID, INT4ARRAYOID,   TEXTARRAYOID, INT4ARRAYOID,
-                                   TIMESTAMPTZARRAYOID, FLOAT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, TEXTARRAYOID,
-                                   TEXTARRAYOID,   TEXTARRAYOID, INT2ARRAYOID };
-    static const Oid elem[13] = { INT8OID, INT8OID, INT4OID, TEXTOID, INT4OID, TIMESTAMPTZOID, FLOAT8OID,
-                                  TEXTOID, INT4OID, TEXTOID, TEXTOID, TEXTOID, INT2OID };
-    Datum           *cols[13];
-    bool            *nulls[13];
-    Datum            args[13];
+    Datum           *cols[lengthof(kColumns)];
+    bool            *nulls[lengthof(kColumns)];
+    Datum            args[lengthof(kColumns)];
+    Oid              types[lengthof(kColumns)];
     int              rc;
 
     if (n <= 0)
         return;
-    for (int c = 0; c < 13; c++)
+    for (int c = 0; c < (int) lengthof(kColumns); c++)
     {
         cols[c] = (Datum *) palloc(sizeof(Datum) * n);
         nulls[c] = (bool *) palloc0(sizeof(bool) * n);
@@ -233,9 +224,13 @@ od_log_attempts(const OdAttempt *rows, int n)
         if (one_bucket && insert_direct(cols, nulls, n, DatumGetInt16(cols[12][0])))
             return;
     }
-    for (int c = 0; c < 13; c++)
-        args[c] = PointerGetDatum(od_build_array(cols[c], nulls[c], n, elem[c]));
-    od_prepare(&plan_log, SQL_LOG_ATTEMPTS, 13, types);
+    /* the statement's parameters are arrays of the columns' types (in its text as well) */
+    for (int c = 0; c < (int) lengthof(kColumns); c++)
+    {
+        args[c] = PointerGetDatum(od_build_array(cols[c], nulls[c], n, kColumns[c].type));
+        types[c] = get_array_type(kColumns[c].type);
+    }
+    od_prepare(&plan_log, SQL_LOG_ATTEMPTS, lengthof(kColumns), types);
     rc = SPI_execute_plan(plan_log, args, nullptr, false, 0);
     if (rc != SPI_OK_INSERT)
         elog(ERROR, "outbox_dispatcher: writing outbox.attempts failed: %s", SPI_result_code_string(rc));
