@@ -26,7 +26,9 @@
 # messages per claim, a claim, finalize and attempt-log statement per
 # cycle), at the pace of a worker slowed down ~50 times by callgrind (5 tx/s
 # leaves it mostly idle between them).  The WAL figure then includes the
-# producer's inserts and is not printed.
+# producer's inserts and is not printed.  PER_TX=k (default 10) commits k
+# messages per transaction instead: PER_TX=1 RATE=4 is the idle path, one
+# wake, claim, request and finalize per message.
 #
 # Usage (root: installs valgrind and nginx if missing, builds and installs
 # the extension, runs the cluster as postgres):
@@ -38,6 +40,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 N=${N:-2500}
+PER_TX=${PER_TX:-10}
 PORT=${PORT:-5497}
 NGINX_PORT=${NGINX_PORT:-18283}
 
@@ -109,14 +112,14 @@ CONF
         sleep 2
         worker=$($P -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_dispatcher worker'")
         l0=$($P -c 'SELECT pg_current_wal_insert_lsn()')
-        cat > "$WORK/trickle.sql" <<'SQL'
+        cat > "$WORK/trickle.sql" <<SQL
 INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)
 SELECT 'order', md5(random()::text), 'OrderCreated',
        jsonb_build_object('order_id', g, 'amount', g % 1000, 'note', repeat('x', 200)), 'nginx'
-  FROM generate_series(1, 10) AS g;
+  FROM generate_series(1, $PER_TX) AS g;
 SQL
         chmod 644 "$WORK/trickle.sql"
-        su postgres -c "$PGBIN/pgbench -h $WORK/sock -p $PORT -U postgres -n -c 1 -R $RATE -t $((n / 10)) \
+        su postgres -c "$PGBIN/pgbench -h $WORK/sock -p $PORT -U postgres -n -c 1 -R $RATE -t $((n / PER_TX)) \
             -f $WORK/trickle.sql postgres" >/dev/null
     else
         insert "$n" 1000
@@ -144,7 +147,7 @@ SQL
 read -r i1 w1 < <(run "$N")
 wal_text=", WAL $w1 B per message"
 [ -z "${RATE:-}" ] || wal_text=""
-echo "N=$N${RATE:+ (as they come: $RATE tx/s of 10)}: worker instructions $i1 ($((i1 / N)) per message, start-up and warm-up included)$wal_text${TOGGLE:+ (counted inside $TOGGLE only)}"
+echo "N=$N${RATE:+ (as they come: $RATE tx/s of $PER_TX)}: worker instructions $i1 ($((i1 / N)) per message, start-up and warm-up included)$wal_text${TOGGLE:+ (counted inside $TOGGLE only)}"
 if [ -n "${N2:-}" ]; then
     read -r i2 w2 < <(run "$N2")
     wal_text=", WAL $w2 B per message"
