@@ -214,23 +214,26 @@ od_log_attempts(const OdAttempt *rows, int n)
         cols[10][i] = r->retry_after ? CStringGetTextDatum(r->retry_after) : (Datum) 0;
         nulls[11][i] = (r->body == nullptr);
         cols[11][i] = r->body ? CStringGetTextDatum(r->body) : (Datum) 0;
-        cols[12][i] = Int16GetDatum((int16) od::attempt_bucket(od::attempt_day(unix_us)));
+        cols[kBucketAttno - 1][i] = Int16GetDatum((int16) od::attempt_bucket(od::attempt_day(unix_us)));
     }
     {
-        bool one_bucket = true;
+        const Datum *bucket = cols[kBucketAttno - 1];
+        bool         one_bucket = true;
 
         for (int i = 1; i < n && one_bucket; i++)
-            one_bucket = DatumGetInt16(cols[12][i]) == DatumGetInt16(cols[12][0]);
-        if (one_bucket && insert_direct(cols, nulls, n, DatumGetInt16(cols[12][0])))
+            one_bucket = DatumGetInt16(bucket[i]) == DatumGetInt16(bucket[0]);
+        if (one_bucket && insert_direct(cols, nulls, n, DatumGetInt16(bucket[0])))
             return;
     }
-    /* the statement's parameters are arrays of the columns' types (in its text as well) */
     for (int c = 0; c < (int) lengthof(kColumns); c++)
-    {
         args[c] = PointerGetDatum(od_build_array(cols[c], nulls[c], n, kColumns[c].type));
-        types[c] = get_array_type(kColumns[c].type);
+    if (plan_log == nullptr)
+    {
+        /* the statement's parameters are arrays of the columns' types (in its text as well) */
+        for (int c = 0; c < (int) lengthof(kColumns); c++)
+            types[c] = get_array_type(kColumns[c].type);
+        od_prepare(&plan_log, SQL_LOG_ATTEMPTS, lengthof(kColumns), types);
     }
-    od_prepare(&plan_log, SQL_LOG_ATTEMPTS, lengthof(kColumns), types);
     rc = SPI_execute_plan(plan_log, args, nullptr, false, 0);
     if (rc != SPI_OK_INSERT)
         elog(ERROR, "outbox_dispatcher: writing outbox.attempts failed: %s", SPI_result_code_string(rc));

@@ -139,7 +139,7 @@ typedef struct OdWorker
     MemoryContext       endpoint_ctx;
     WorkerEndpoint     *wendpoints;
     int                 n_wendpoints;
-    int                 pipeline_cap;         /* messages worth holding at once; 0 = batch_size */
+    int                 pipeline_cap;         /* the endpoints' shares summed (od::pipeline_size); 0 = none */
     bool                endpoints_stale;      /* a slot changed hands: refresh */
     int                 n_oauth;              /* of them with OAuth client credentials */
     char                token_buf[OD_MAX_ACCESS_TOKEN]; /* a token on its way from the shared slot */

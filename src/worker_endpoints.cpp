@@ -244,32 +244,18 @@ refresh_endpoints(void)
 
 /* ---------------------------------------------------------------- claim */
 
-/*
- * At most this worker's share of an endpoint's cluster-wide max_in_flight
- * per claim: with a batch above it, the first worker to claim would take
- * every place, and the others (their quota 0, nothing of their own in
- * flight to release) would sit until the next poll — one worker delivering
- * at a time (batch_size 500 drained at 57% of batch_size 100 with 2 workers
- * and 256 places).
- */
+/* This worker's share of the endpoint's max_in_flight (core/schedule.hpp). */
 int
 claim_share(const WorkerEndpoint *w)
 {
-    if (w->lim.max_in_flight > 0 && od_workers > 1)
-        return Max(1, (w->lim.max_in_flight + od_workers - 1) / od_workers);
-    return INT_MAX;
+    return od::endpoint_share(w->lim.max_in_flight, od_workers);
 }
 
-/*
- * What this worker can usefully hold at once: batch_size, or less when the
- * endpoints' shares add up to less.  The claim and finalize thresholds (half
- * of it) follow, so that a batch_size larger than the shares does not make
- * every finalize wait for results that cannot come.
- */
+/* What this worker can usefully hold at once (core/schedule.hpp). */
 int
 pipeline_size(void)
 {
-    return (W.pipeline_cap > 0 && W.pipeline_cap < od_batch_size) ? W.pipeline_cap : od_batch_size;
+    return od::pipeline_size(W.pipeline_cap, od_batch_size);
 }
 
 } // namespace odw

@@ -3,6 +3,8 @@
  */
 #include "core/schedule.hpp"
 
+#include <climits>
+
 namespace od {
 
 namespace {
@@ -65,6 +67,17 @@ int64_t finalize_due(const WorkerCycle &c) noexcept {
 }
 
 } // namespace
+
+int endpoint_share(int max_in_flight, int workers) noexcept {
+    if (max_in_flight <= 0) return INT_MAX;
+    if (workers < 1) workers = 1;
+    int share = max_in_flight / workers + (max_in_flight % workers != 0 ? 1 : 0);
+    return share < 1 ? 1 : share;
+}
+
+int pipeline_size(int64_t shares, int batch_size) noexcept {
+    return (shares > 0 && shares < batch_size) ? (int) shares : batch_size;
+}
 
 bool has_claim_room(const WorkerCycle &c) noexcept {
     return c.pipeline - c.held >= half_pipeline(c);

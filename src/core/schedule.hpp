@@ -88,6 +88,25 @@ struct WorkerCycle {
     int64_t next_purge = 0;
 };
 
+/*
+ * A worker's share of an endpoint's cluster-wide max_in_flight (0 = no
+ * limit: INT_MAX), ceil(max_in_flight / workers), at least 1, for any
+ * number of workers: it caps one claim of the endpoint's messages (with a
+ * batch above it, the first worker to claim would take every place and the
+ * others would sit until the next poll) and, summed over the worker's
+ * endpoints, what the worker can usefully hold (pipeline_size).
+ */
+int endpoint_share(int max_in_flight, int workers) noexcept;
+
+/*
+ * What a worker can usefully hold at once: batch_size, or the sum of its
+ * endpoints' shares when that is less (none: batch_size).  The claim and
+ * finalize thresholds are half of it, so a batch_size above what the
+ * endpoints let the worker hold does not make each claim wait until
+ * nearly every place is taken and then ask for the few left.
+ */
+int pipeline_size(int64_t shares, int batch_size) noexcept;
+
 /* Room for a claim: at least half of what the worker may hold (at least 1). */
 bool has_claim_room(const WorkerCycle &c) noexcept;
 

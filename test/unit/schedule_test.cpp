@@ -337,4 +337,38 @@ TEST(Schedule, WaitRoundsUpAndSaturates) {
     EXPECT_EQ(od::wait_ms(0, INT64_MAX), 0x7fffffffL);
 }
 
+TEST(Schedule, AnEndpointsShareIsItsLimitOverTheWorkersRoundedUp) {
+    EXPECT_EQ(od::endpoint_share(256, 1), 256); /* one worker: the whole limit, not unbounded */
+    EXPECT_EQ(od::endpoint_share(256, 2), 128);
+    EXPECT_EQ(od::endpoint_share(256, 3), 86);
+    EXPECT_EQ(od::endpoint_share(1, 4), 1); /* never 0: every worker can claim */
+    EXPECT_EQ(od::endpoint_share(INT_MAX, 1), INT_MAX);
+    EXPECT_EQ(od::endpoint_share(INT_MAX, 2), INT_MAX / 2 + 1);
+    EXPECT_EQ(od::endpoint_share(0, 2), INT_MAX);  /* no limit */
+    EXPECT_EQ(od::endpoint_share(-1, 2), INT_MAX); /* no limit */
+    EXPECT_EQ(od::endpoint_share(10, 0), 10);      /* no worker count yet: as one */
+}
+
+TEST(Schedule, ThePipelineIsTheBatchOrTheSharesWhenLess) {
+    EXPECT_EQ(od::pipeline_size(0, 500), 500); /* no endpoint */
+    EXPECT_EQ(od::pipeline_size(256, 500), 256);
+    EXPECT_EQ(od::pipeline_size(256, 100), 100);
+    EXPECT_EQ(od::pipeline_size(500, 500), 500);
+    EXPECT_EQ(od::pipeline_size(INT_MAX, 500), 500);
+    EXPECT_EQ(od::pipeline_size((int64_t) INT_MAX * 3, 500), 500);
+}
+
+TEST(Schedule, OneWorkerWithABatchAboveTheLimitClaimsHalfTheLimit) {
+    /* batch_size 500, one endpoint with max_in_flight 256, one worker: the
+     * claim threshold is half of 256, not half of 500 (which only 6 of the
+     * 256 places could ever fill) */
+    od::WorkerCycle c = quiet();
+    c.pipeline = od::pipeline_size(od::endpoint_share(256, 1), 500);
+    c.woken = true;
+    c.held = 128;
+    EXPECT_EQ(od::claim_now(c), 128);
+    c.held = 129;
+    EXPECT_EQ(od::claim_now(c), 0);
+}
+
 } // namespace
