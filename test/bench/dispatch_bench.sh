@@ -96,7 +96,7 @@ start=$(date +%s.%N)
 psql -c "ALTER SYSTEM SET outbox_dispatcher.enabled = on" -c "SELECT pg_reload_conf()" >/dev/null
 while :; do
     left=$(psql -c "SELECT (EXISTS (SELECT 1 FROM outbox.messages WHERE status = 'pending')
-                        OR EXISTS (SELECT 1 FROM outbox.messages WHERE status = 'processing'))::int")
+                        OR EXISTS (SELECT 1 FROM outbox.messages WHERE lease_until IS NOT NULL))::int")
     [ "$left" = 0 ] && break
     sleep 0.05
 done
