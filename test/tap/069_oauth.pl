@@ -94,6 +94,10 @@ sub auth { OdSink::header($_[0] // {}, 'authorization') // '' }
 
 # ------------------------------------------------------------------ 1. one token, shared by both workers
 token_script('/token');
+# each delivery takes 50 ms: one worker alone (10 in flight) needs a second
+# for the 200, so the other one, polling every 100 ms, always claims some too
+# (answered at once, one worker could deliver all 200 before the other woke)
+$sink->script({ path => '/hook', status => 200, delay_ms => 50 });
 add_oauth_endpoint('oa', '/hook', '/token', oauth_client_id => 'my client', oauth_scope => 'orders.write audit');
 $node->enqueue_n(200, endpoint => 'oa', tag => 'oa');
 ok($node->poll(q{SELECT count(*) FROM outbox.messages WHERE endpoint = 'oa' AND status = 'done'}, '200', 30),
