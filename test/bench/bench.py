@@ -57,7 +57,8 @@ Scenarios (default settings unless the scenario is about a setting):
              outbox_dispatcher.deliver_after_replication off, then on.
   scaling    fresh drain with workers 1/2/4 x batch_size 100/500 (the two
              batch sizes back to back, the order alternating by run; their
-             ratio per run).
+             ratio per run).  SCALE_WORKERS and SCALE_BATCHES (comma lists)
+             measure other counts and sizes; the table shows 1/2/4 x 100/500.
   fanout     N_FANOUT (10,000) events, each in its own transaction from one
              pgbench client while the workers are paused: enqueue() of one
              message per event (the baseline), then outbox.publish() with 1
@@ -106,6 +107,9 @@ N_FANOUT = int(os.environ.get("N_FANOUT", "10000"))
 N_ATTEMPT = int(os.environ.get("N_ATTEMPT", "50000"))
 ACCRUE_TPS = int(os.environ.get("ACCRUE_TPS", "1500"))
 ACCRUE_S = int(os.environ.get("ACCRUE_S", "20"))
+# the scaling scenario's workers and batch sizes (the table and the plot show 1/2/4 x 100/500)
+SCALE_WORKERS = tuple(int(x) for x in os.environ.get("SCALE_WORKERS", "1,2,4").split(","))
+SCALE_BATCHES = tuple(int(x) for x in os.environ.get("SCALE_BATCHES", "100,500").split(","))
 SCENARIOS = os.environ.get("SCENARIOS", "fresh,backlog,accrued,retained,sustained,idle,replication,scaling,"
                            "fanout,attempt_log").split(",")
 WORK = os.environ.get("OD_BENCH_WORK") or tempfile.mkdtemp(prefix="od_bench.")
@@ -930,12 +934,13 @@ def main():
                 for k, v in scenario_replication(sink_port).items():
                     add("repl_" + k, v)
             if "scaling" in SCENARIOS:
-                for w in (1, 2, 4):
+                for w in SCALE_WORKERS:
                     got = {}
-                    for b in rotated((100, 500), run):
+                    for b in rotated(SCALE_BATCHES, run):
                         got[b] = scenario_drain(N_FRESH, "w%d b%d" % (w, b), workers=w, batch=b)["msg_s"]
                         add("scale_w%d_b%d" % (w, b), got[b])
-                    add("batch_w%d_500_vs_100_pct" % w, 100.0 * got[500] / got[100])
+                    if 100 in got and 500 in got:
+                        add("batch_w%d_500_vs_100_pct" % w, 100.0 * got[500] / got[100])
             if "fanout" in SCENARIOS:
                 got = {}
                 for name, subscribers in rotated(FANOUT_VARIANTS, run):

@@ -9,6 +9,8 @@
 #   make bench                 every scenario
 #   SCENARIOS=fresh,idle RUNS=1 make bench
 #   SCENARIOS=fanout,attempt_log N_FANOUT=10000 N_ATTEMPT=50000 make bench
+#   SCENARIOS=scaling SCALE_WORKERS=2 SCALE_BATCHES=100,200,500 make bench
+#                              the scaling scenario for other workers / batch sizes
 #   BENCH_CONF="outbox_dispatcher.attempt_log=off" SCENARIOS=sustained make bench
 #                              the same with a setting changed on every cluster
 #   make bench-readme          put bench-results/results.md into the README
@@ -36,7 +38,7 @@ chown -R postgres "$WORK"
 # the settings given (bench.py has the defaults and the list of scenarios)
 PASS=()
 for v in RUNS SCENARIOS N N_BACKLOG N_RETAINED N_REPL N_FANOUT N_ATTEMPT SUSTAIN_S SUSTAIN_PAIRS SUSTAIN_TPS \
-    ACCRUE_S ACCRUE_TPS IDLE_M BENCH_CONF; do
+    ACCRUE_S ACCRUE_TPS IDLE_M BENCH_CONF SCALE_WORKERS SCALE_BATCHES; do
     [ -n "${!v+set}" ] && PASS+=("$v=$(printf '%q' "${!v}")")
 done
 su postgres -s /bin/bash -c "cd '$WORK' && env OD_BENCH_WORK='$WORK' OD_BENCH_SRC='$WORK/src' OUT='$WORK/out' \
