@@ -82,6 +82,11 @@ SELECT id, endpoint, aggregate_type, aggregate_id, event_type, ordered, attempts
 -- oldest_pending_age ignores done and dead messages, however old.
 UPDATE outbox.messages SET created_at = now() - interval '30 days' WHERE id IN (1, 3);
 SELECT oldest_pending_age < interval '2 hours' AS age_ignores_finished FROM outbox.health;
+-- ... and counts processing ones (5: its lease running).
+UPDATE outbox.messages SET created_at = now() - interval '3 hours' WHERE id = 5;
+SELECT oldest_pending_age >= interval '3 hours' AND oldest_pending_age < interval '4 hours'
+       AS age_counts_processing
+  FROM outbox.health;
 
 -- Once everything is finished, there is no pending age and no histogram.
 UPDATE outbox.messages SET status = 'done', done_at = now(), lease_owner = NULL, lease_until = NULL
@@ -89,3 +94,39 @@ UPDATE outbox.messages SET status = 'done', done_at = now(), lease_owner = NULL,
 SELECT * FROM outbox.queue_depth;
 SELECT pending, processing, done, dead, oldest_pending_age, expired_leases FROM outbox.health;
 SELECT * FROM outbox.attempts_histogram;
+
+-- ------------------------------------------------------------------
+-- The views read partial indexes of the states they count, never the whole
+-- table: with sequential scans disabled, every scan of outbox.messages in
+-- their plans is of a partial index (messages_ready, messages_leased,
+-- messages_done, messages_dead; the planner may also take messages_open
+-- for ordered pending rows); a scan of the table, or of a full index such
+-- as the primary key, would be named here.
+-- ------------------------------------------------------------------
+CREATE FUNCTION pg_temp.message_scans(q text, names boolean DEFAULT false) RETURNS SETOF text LANGUAGE plpgsql AS $f$
+DECLARE
+    l   text;
+    idx text;
+BEGIN
+    FOR l IN EXECUTE 'EXPLAIN (COSTS OFF) ' || q LOOP
+        idx := coalesce(substring(l from ' using (\w+) on messages'), substring(l from 'Bitmap Index Scan on (\w+)'));
+        IF l ~ 'Seq Scan on messages' THEN
+            RETURN NEXT 'Seq Scan on messages';
+        ELSIF idx IS NOT NULL THEN
+            RETURN NEXT CASE WHEN (SELECT i.indpred IS NOT NULL FROM pg_catalog.pg_index AS i
+                                    WHERE i.indexrelid = ('outbox.' || idx)::regclass)
+                             THEN CASE WHEN names THEN idx ELSE 'a partial index' END
+                             ELSE 'full index ' || idx END;
+        END IF;
+    END LOOP;
+END
+$f$;
+SET enable_seqscan = off;
+SELECT DISTINCT s AS health_reads FROM pg_temp.message_scans('SELECT * FROM outbox.health') AS s ORDER BY 1;
+SELECT DISTINCT s AS queue_depth_reads FROM pg_temp.message_scans('SELECT * FROM outbox.queue_depth') AS s ORDER BY 1;
+SELECT DISTINCT s AS attempts_histogram_reads
+  FROM pg_temp.message_scans('SELECT * FROM outbox.attempts_histogram') AS s ORDER BY 1;
+-- each of the four states by the index of its own
+SELECT DISTINCT s AS health_state_indexes
+  FROM pg_temp.message_scans('SELECT pending, processing, done, dead FROM outbox.health', true) AS s ORDER BY 1;
+RESET enable_seqscan;
