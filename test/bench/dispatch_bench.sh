@@ -95,8 +95,7 @@ psql -c "VACUUM ANALYZE outbox.messages"
 start=$(date +%s.%N)
 psql -c "ALTER SYSTEM SET outbox_dispatcher.enabled = on" -c "SELECT pg_reload_conf()" >/dev/null
 while :; do
-    left=$(psql -c "SELECT (EXISTS (SELECT 1 FROM outbox.messages WHERE status = 'pending')
-                        OR EXISTS (SELECT 1 FROM outbox.messages WHERE lease_until IS NOT NULL))::int")
+    left=$(psql -f "$ROOT/test/bench/drained.sql")
     [ "$left" = 0 ] && break
     sleep 0.05
 done
