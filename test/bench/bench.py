@@ -46,7 +46,12 @@ Scenarios (default settings unless the scenario is about a setting):
              also from the start of its INSERT (created_at); then the same
              with the producer at synchronous_commit = off, where no WAL
              flush of its own separates its commit timestamp from its
-             message becoming visible to the workers.
+             message becoming visible to the workers.  Arrival is read two
+             ways from the same requests: the sink's clock once it has read
+             the request head (its own wake-up and parsing included), and the
+             kernel's receive time of the request's first bytes at the sink's
+             socket (SO_TIMESTAMPNS, the same clock): the moment the request
+             reached the endpoint, which is where the dispatcher's part ends.
   wal        for the fresh and retained drains: WAL bytes written during the
              drain (claim + finalize; a CHECKPOINT right before the messages
              were inserted, so full-page images of pages the drain touches
@@ -700,6 +705,8 @@ def scenario_idle(sink_port):
         res = idle_latency(c, sink_port, "idle")
         noflush = idle_latency(c, sink_port, "idle (producer without WAL flush)", flush=False)
         res["noflush_p50_ms"], res["noflush_p99_ms"] = noflush["p50_ms"], noflush["p99_ms"]
+        for k in ("rx_p50_ms", "to_start_p50_ms", "to_rx_p50_ms"):
+            res["noflush_" + k] = noflush[k]
         return res
     finally:
         c.destroy()
@@ -771,26 +778,51 @@ def idle_latency(c, sink_port, label, flush=True):
             pq.close()
         wait_drained(c)
         reqs = json.load(urllib.request.urlopen("http://127.0.0.1:%d/_control/requests?path=/hook" % sink_port))
-        committed, created, ack = {}, {}, {}
+        committed, created, ack, started = {}, {}, {}, {}
+        # started: when the worker submitted the request (the attempt log's started_at, its clock)
         for line in c.sql("SELECT m.id, extract(epoch FROM pg_xact_commit_timestamp(xid(t.xid))),"
-                          "       extract(epoch FROM m.created_at), t.aggregate_id"
+                          "       extract(epoch FROM m.created_at), t.aggregate_id,"
+                          "       (SELECT extract(epoch FROM a.started_at) FROM outbox.attempts AS a"
+                          "         WHERE a.message_id = m.id AND a.attempt = 1)"
                           "  FROM outbox.messages AS m JOIN bench_tx AS t USING (aggregate_id)").splitlines():
-            i, tc, ts, agg = line.split("|")
+            i, tc, ts, agg, st = line.split("|")
             committed[i], created[i], ack[i] = float(tc), float(ts), acked[agg]
+            if st:
+                started[i] = float(st)
         arrived = [(r["headers_lc"]["idempotency-key"], r["t"]) for r in reqs
                    if r["headers_lc"].get("idempotency-key") in committed]
         lat = sorted((t - committed[k]) * 1000.0 for k, t in arrived)
+        # the same requests by the kernel's receive time at the sink's socket (t_rx: null where
+        # the platform does not give it), and the sink's own time from there to its clock
+        stamped = [(r["headers_lc"]["idempotency-key"], r["t_rx"], r["t"]) for r in reqs
+                   if r["headers_lc"].get("idempotency-key") in committed and r.get("t_rx") is not None]
+        if not stamped:
+            raise RuntimeError("the sink gave no kernel receive times (SO_TIMESTAMPNS)")
+        rx = sorted((t - committed[k]) * 1000.0 for k, t, _ in stamped)
+        sink_own = sorted((t - t_rx) * 1000.0 for _, t_rx, t in stamped)
+        # the dispatcher's part in two: commit -> the worker submits the request (wake, claim),
+        # submitted -> received at the sink's socket (the request written, loopback TCP)
+        to_start = sorted((started[k] - committed[k]) * 1000.0 for k, _, _ in stamped if k in started)
+        to_rx = sorted((t - started[k]) * 1000.0 for k, t, _ in stamped if k in started)
+        if not to_start:
+            raise RuntimeError("no attempt-log rows for the idle messages (attempt_log = off?)")
         from_start = sorted((t - created[k]) * 1000.0 for k, t in arrived)
         # negative when the message arrived before the producer had read its COMMIT's answer
         from_ack = sorted((t - ack[k]) * 1000.0 for k, t in arrived)
         res = {"p50_ms": lat[len(lat) // 2], "p99_ms": p99(lat),
                "start_p50_ms": from_start[len(from_start) // 2],
-               "ack_p50_ms": from_ack[len(from_ack) // 2], "ack_p99_ms": p99(from_ack), "n": len(lat)}
+               "ack_p50_ms": from_ack[len(from_ack) // 2], "ack_p99_ms": p99(from_ack), "n": len(lat),
+               "rx_p50_ms": rx[len(rx) // 2], "rx_p99_ms": p99(rx), "sink_own_p50_ms": sink_own[len(sink_own) // 2],
+               "to_start_p50_ms": to_start[len(to_start) // 2], "to_rx_p50_ms": to_rx[len(to_rx) // 2]}
         log("  %-10s commit -> arrival p50 %.2f ms, p99 %.2f ms (%d messages); from the producer's"
             " statement start (its own commit and WAL flush included) p50 %.2f ms; from the moment"
-            " the producer had its COMMIT acknowledged p50 %.2f ms, p99 %.2f ms"
+            " the producer had its COMMIT acknowledged p50 %.2f ms, p99 %.2f ms; commit -> received"
+            " at the sink's socket p50 %.2f ms, p99 %.2f ms (%d stamped; the sink's own wake-up and"
+            " parsing after that p50 %.2f ms); commit -> request submitted by the worker p50 %.2f ms,"
+            " submitted -> received p50 %.2f ms"
             % (label, res["p50_ms"], res["p99_ms"], res["n"], res["start_p50_ms"], res["ack_p50_ms"],
-               res["ack_p99_ms"]))
+               res["ack_p99_ms"], res["rx_p50_ms"], res["rx_p99_ms"], len(rx), res["sink_own_p50_ms"],
+               res["to_start_p50_ms"], res["to_rx_p50_ms"]))
         c.set_enabled(False)
         return res
 
@@ -975,6 +1007,12 @@ def main():
                 add("idle_ack_p99_ms", r["ack_p99_ms"])
                 add("idle_noflush_p50_ms", r["noflush_p50_ms"])
                 add("idle_noflush_p99_ms", r["noflush_p99_ms"])
+                add("idle_rx_p50_ms", r["rx_p50_ms"])
+                add("idle_rx_p99_ms", r["rx_p99_ms"])
+                add("idle_noflush_rx_p50_ms", r["noflush_rx_p50_ms"])
+                add("idle_noflush_to_start_p50_ms", r["noflush_to_start_p50_ms"])
+                add("idle_noflush_to_rx_p50_ms", r["noflush_to_rx_p50_ms"])
+                add("idle_sink_own_p50_ms", r["sink_own_p50_ms"])
             if "replication" in SCENARIOS:
                 for k, v in scenario_replication(sink_port).items():
                     add("repl_" + k, v)
@@ -1072,6 +1110,16 @@ ROWS = [
     ("idle_noflush_p50_ms", "idle commit -> arrival p50, producer with synchronous_commit = off (no WAL flush between"
      " its commit timestamp and its message becoming visible)", "ms", "%.2f"),
     ("idle_noflush_p99_ms", "idle commit -> arrival p99, producer with synchronous_commit = off", "ms", "%.2f"),
+    ("idle_rx_p50_ms", "idle commit -> request received at the endpoint's socket p50 (the kernel's receive time,"
+     " SO_TIMESTAMPNS: without the sink's own wake-up and parsing)", "ms", "%.2f"),
+    ("idle_rx_p99_ms", "idle commit -> request received at the endpoint's socket p99", "ms", "%.2f"),
+    ("idle_noflush_rx_p50_ms", "idle commit -> received at the socket p50, producer with synchronous_commit = off",
+     "ms", "%.2f"),
+    ("idle_noflush_to_start_p50_ms", "of which commit -> the worker submits the request p50 (wake, claim; the"
+     " attempt log's started_at)", "ms", "%.2f"),
+    ("idle_noflush_to_rx_p50_ms", "of which request submitted -> received at the socket p50", "ms", "%.2f"),
+    ("idle_sink_own_p50_ms", "the sink's own time from receiving a request to its arrival clock p50 (in every"
+     " arrival row above)", "ms", "%.2f"),
     ("repl_drain_off_msg_s", "drain %(n_repl)s, synchronous standby, deliver_after_replication off", "msg/s", "%.0f"),
     ("repl_drain_on_msg_s", "drain %(n_repl)s, synchronous standby, deliver_after_replication on", "msg/s", "%.0f"),
     ("repl_idle_off_p50_ms", "idle commit -> arrival p50, synchronous standby, mode off", "ms", "%.2f"),

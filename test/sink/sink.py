@@ -79,12 +79,17 @@ Control API (JSON in / JSON out):
   GET  /_control/requests[?path=/p][&id=KEY][&since=SEQ][&limit=N]
       JSON list, arrival order, of
         {"seq", "status", "path", "query", "method", "headers", "headers_lc",
-         "body", "t"}
+         "body", "t", "t_rx"}
       headers    = {name: value} with header names exactly as received
                    (repeated headers joined with ", ")
       headers_lc = the same with lower-cased names: use it for lookups
       body       = request body decoded as UTF-8 (invalid bytes replaced)
-      t          = arrival time, float unix seconds
+      t          = arrival time, float unix seconds: the sink's clock once it
+                   has read the request head
+      t_rx       = when the kernel received the request's first bytes
+                   (SO_TIMESTAMPNS, float unix seconds; the same clock as t,
+                   without the sink's own wake-up and parsing); null where
+                   the platform does not give it
       status     = status the sink answers (decided on arrival, before the
                    delay); null for hang / close / reset
   GET  /_control/stats[?path=/p]
@@ -117,12 +122,14 @@ Every non-control request (any method) is recorded before the delay and, with
 
 import argparse
 import http
+import io
 import json
 import os
 import random
 import signal
 import socket
 import socketserver
+import struct
 import sys
 import threading
 import time
@@ -388,6 +395,55 @@ class State:
         return self.by_path.get(path, 0)
 
 
+# SO_TIMESTAMPNS: the kernel's receive time of each segment, as a control
+# message of recvmsg() (Linux; the socket module does not name it).
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35) if sys.platform.startswith("linux") else None
+
+
+def enable_rx_stamps(sock):
+    """Ask for receive timestamps on sock (a listening socket passes it on to
+    the connections it accepts); False where that is not available."""
+    if SO_TIMESTAMPNS is None:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        return True
+    except OSError:
+        return False
+
+
+class StampedReader(io.RawIOBase):
+    """A connection's raw reader that keeps the kernel receive time of what
+    it reads: `last` of the latest recvmsg(), `first` of the first one since
+    mark() (None until one came)."""
+
+    _ANC = socket.CMSG_SPACE(16)
+
+    def __init__(self, sock):
+        super().__init__()
+        self._sock = sock
+        self.last = None
+        self.first = None
+
+    def readable(self):
+        return True
+
+    def mark(self):
+        self.first = None
+
+    def readinto(self, b):
+        n, anc, _flags, _addr = self._sock.recvmsg_into([b], self._ANC)
+        stamp = None
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+                sec, nsec = struct.unpack("qq", data[:16])
+                stamp = sec + nsec * 1e-9
+        self.last = stamp
+        if self.first is None:
+            self.first = stamp
+        return n
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     request_version = "HTTP/1.1"  # until a request line was parsed
@@ -400,6 +456,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
+        self._rx = None
+        if self.server.rx_stamps:
+            # the same buffered reading, through a reader that keeps the
+            # kernel's receive times (t_rx); the socket's own file is closed
+            # so that closing the connection closes its descriptor
+            self.rfile.close()
+            self._rx = StampedReader(self.connection)
+            self.rfile = io.BufferedReader(self._rx, 65536)
         st = self.server.state
         with st.lock:
             st.open_connections += 1
@@ -567,10 +631,19 @@ class Handler(BaseHTTPRequestHandler):
     def handle_one_request(self):
         self.close_connection = True
         try:
+            rx = self._rx
+            if rx is not None:
+                # the head's first bytes come with the next recvmsg(), or came
+                # with the latest one if they are already in the buffer
+                before = rx.last
+                rx.mark()
             head = self._read_head()
             if head is None:
                 return
             t = time.time()
+            t_rx = None
+            if rx is not None:
+                t_rx = rx.first if rx.first is not None else before
             line, hlines = head
             self.raw_requestline = line
             self.requestline = line.decode("latin-1")
@@ -631,11 +704,11 @@ class Handler(BaseHTTPRequestHandler):
             except BadRequest as e:
                 self._send_json(e.status, {"error": str(e)})
             return
-        self.sink(method, path, query, headers, hl, body, t, raw_target)
+        self.sink(method, path, query, headers, hl, body, t, raw_target, t_rx)
 
     # ---- recorded (non-control) requests --------------------------------
 
-    def sink(self, method, path, query, headers, hl, body, t, target):
+    def sink(self, method, path, query, headers, hl, body, t, target, t_rx=None):
         st = self.server.state
         key = hl.get("idempotency-key")
         rest = json.dumps(
@@ -648,6 +721,7 @@ class Handler(BaseHTTPRequestHandler):
                 "headers_lc": hl,
                 "body": body.decode("utf-8", "replace"),
                 "t": t,
+                "t_rx": t_rx,
             },
             separators=(",", ":"),
             ensure_ascii=False,
@@ -893,11 +967,13 @@ class SinkServer(ThreadingHTTPServer):
         self.state = state
         self.verbose = verbose
         self.stopping = False
+        self.rx_stamps = False
         super().__init__(addr, Handler)
 
     def server_bind(self):
         # HTTPServer.server_bind() calls getfqdn(), which may hit DNS; skip it.
         socketserver.TCPServer.server_bind(self)
+        self.rx_stamps = enable_rx_stamps(self.socket)
         host, port = self.server_address[:2]
         self.server_name = host
         self.server_port = port
