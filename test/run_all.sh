@@ -141,6 +141,13 @@ if has_layer tap; then
     echo "== tap (PostgreSQL::Test::Cluster)"
     export PG_REGRESS="$PG_REGRESS_BIN"
     p=0; f=0
+    # the tests' HTTP sink first: its scripted modes, control API and recorded fields
+    mkdir -p tmp_check
+    if bash test/sink/selftest.sh > tmp_check/sink_selftest.log 2>&1; then
+        p=$((p + 1)); echo "   test/sink/selftest.sh: ok"
+    else
+        f=$((f + 1)); echo "   test/sink/selftest.sh: FAILED"; cat tmp_check/sink_selftest.log
+    fi
     for t in test/tap/*.pl; do
         [ -e "$t" ] || continue
         log="tmp_check/$(basename "$t" .pl).log"

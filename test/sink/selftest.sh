@@ -78,6 +78,9 @@ eq "$(pyjson "$reqs" 'j[0]["method"], j[0]["path"], j[0]["query"], j[0]["status"
    "('POST', '/hook', 'x=1', 200, 1)" "recorded method/path/query/status/seq"
 eq "$(pyjson "$reqs" 'isinstance(j[0]["t"], float) and abs(j[0]["t"] - __import__("time").time()) < 60')" \
    True "recorded t"
+# Linux: the kernel's receive time of the request, on the same clock, no later than t
+eq "$(pyjson "$reqs" 'isinstance(j[0]["t_rx"], float) and 0 <= j[0]["t"] - j[0]["t_rx"] < 5')" \
+   True "recorded t_rx"
 
 # ---- status + retry_after ------------------------------------------------------
 script '{"path":"/s500","status":500,"retry_after":"7"}'
