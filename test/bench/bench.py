@@ -1000,19 +1000,10 @@ def main():
                     add("sustained_" + k, v)
             if "idle" in SCENARIOS:
                 r = scenario_idle(sink_port)
-                add("idle_p50_ms", r["p50_ms"])
-                add("idle_p99_ms", r["p99_ms"])
-                add("idle_start_p50_ms", r["start_p50_ms"])
-                add("idle_ack_p50_ms", r["ack_p50_ms"])
-                add("idle_ack_p99_ms", r["ack_p99_ms"])
-                add("idle_noflush_p50_ms", r["noflush_p50_ms"])
-                add("idle_noflush_p99_ms", r["noflush_p99_ms"])
-                add("idle_rx_p50_ms", r["rx_p50_ms"])
-                add("idle_rx_p99_ms", r["rx_p99_ms"])
-                add("idle_noflush_rx_p50_ms", r["noflush_rx_p50_ms"])
-                add("idle_noflush_to_start_p50_ms", r["noflush_to_start_p50_ms"])
-                add("idle_noflush_to_rx_p50_ms", r["noflush_to_rx_p50_ms"])
-                add("idle_sink_own_p50_ms", r["sink_own_p50_ms"])
+                for k in ("p50_ms", "p99_ms", "start_p50_ms", "ack_p50_ms", "ack_p99_ms", "noflush_p50_ms",
+                          "noflush_p99_ms", "rx_p50_ms", "rx_p99_ms", "noflush_rx_p50_ms", "noflush_to_start_p50_ms",
+                          "noflush_to_rx_p50_ms", "sink_own_p50_ms"):
+                    add("idle_" + k, r[k])
             if "replication" in SCENARIOS:
                 for k, v in scenario_replication(sink_port).items():
                     add("repl_" + k, v)
