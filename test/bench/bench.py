@@ -754,77 +754,76 @@ def idle_latency(c, sink_port, label, flush=True):
     flush=False: the producer commits with synchronous_commit = off, so that no WAL flush of its
     own lies between its commit timestamp and the moment its message becomes visible (what is
     left is the dispatcher's: wake, claim, send, and the sink)."""
-    if True:
-        # the commit time of each producer transaction, by its xid (the message row's own xmin
-        # is replaced by the workers' updates)
-        c.sql("DROP TABLE IF EXISTS bench_tx", "DELETE FROM outbox.messages",
-              "CREATE TABLE bench_tx (aggregate_id text PRIMARY KEY, xid xid8 NOT NULL)")
-        c.set_enabled(True)
-        urllib.request.urlopen("http://127.0.0.1:%d/_control/reset" % sink_port, data=b"").read()
-        time.sleep(1.5)
-        # one transaction per message, 20 ms apart, each sent as one query string; acked[i]: when
-        # the client had the answer to its COMMIT (the application's "committed")
-        acked = {}
-        pq = Libpq("host=%s port=%d user=postgres dbname=postgres" % (WORK, PORT))
-        try:
-            for i in range(IDLE_M):
-                pq.execute("BEGIN;" + ("" if flush else " SET LOCAL synchronous_commit = off;") +
-                           " INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
-                           " VALUES ('order', '%d', 'OrderCreated', '{\"n\": %d}', 'sink');"
-                           " INSERT INTO bench_tx VALUES ('%d', pg_current_xact_id()); COMMIT;" % (i, i, i))
-                acked[str(i)] = time.time()
-                time.sleep(0.02)
-        finally:
-            pq.close()
-        wait_drained(c)
-        reqs = json.load(urllib.request.urlopen("http://127.0.0.1:%d/_control/requests?path=/hook" % sink_port))
-        committed, created, ack, started = {}, {}, {}, {}
-        # started: when the worker submitted the request (the attempt log's started_at, its clock)
-        for line in c.sql("SELECT m.id, extract(epoch FROM pg_xact_commit_timestamp(xid(t.xid))),"
-                          "       extract(epoch FROM m.created_at), t.aggregate_id,"
-                          "       (SELECT extract(epoch FROM a.started_at) FROM outbox.attempts AS a"
-                          "         WHERE a.message_id = m.id AND a.attempt = 1)"
-                          "  FROM outbox.messages AS m JOIN bench_tx AS t USING (aggregate_id)").splitlines():
-            i, tc, ts, agg, st = line.split("|")
-            committed[i], created[i], ack[i] = float(tc), float(ts), acked[agg]
-            if st:
-                started[i] = float(st)
-        arrived = [(r["headers_lc"]["idempotency-key"], r["t"]) for r in reqs
-                   if r["headers_lc"].get("idempotency-key") in committed]
-        lat = sorted((t - committed[k]) * 1000.0 for k, t in arrived)
-        # the same requests by the kernel's receive time at the sink's socket (t_rx: null where
-        # the platform does not give it), and the sink's own time from there to its clock
-        stamped = [(r["headers_lc"]["idempotency-key"], r["t_rx"], r["t"]) for r in reqs
-                   if r["headers_lc"].get("idempotency-key") in committed and r.get("t_rx") is not None]
-        if not stamped:
-            raise RuntimeError("the sink gave no kernel receive times (SO_TIMESTAMPNS)")
-        rx = sorted((t - committed[k]) * 1000.0 for k, t, _ in stamped)
-        sink_own = sorted((t - t_rx) * 1000.0 for _, t_rx, t in stamped)
-        # the dispatcher's part in two: commit -> the worker submits the request (wake, claim),
-        # submitted -> received at the sink's socket (the request written, loopback TCP)
-        to_start = sorted((started[k] - committed[k]) * 1000.0 for k, _, _ in stamped if k in started)
-        to_rx = sorted((t - started[k]) * 1000.0 for k, t, _ in stamped if k in started)
-        if not to_start:
-            raise RuntimeError("no attempt-log rows for the idle messages (attempt_log = off?)")
-        from_start = sorted((t - created[k]) * 1000.0 for k, t in arrived)
-        # negative when the message arrived before the producer had read its COMMIT's answer
-        from_ack = sorted((t - ack[k]) * 1000.0 for k, t in arrived)
-        res = {"p50_ms": lat[len(lat) // 2], "p99_ms": p99(lat),
-               "start_p50_ms": from_start[len(from_start) // 2],
-               "ack_p50_ms": from_ack[len(from_ack) // 2], "ack_p99_ms": p99(from_ack), "n": len(lat),
-               "rx_p50_ms": rx[len(rx) // 2], "rx_p99_ms": p99(rx), "sink_own_p50_ms": sink_own[len(sink_own) // 2],
-               "to_start_p50_ms": to_start[len(to_start) // 2], "to_rx_p50_ms": to_rx[len(to_rx) // 2]}
-        log("  %-10s commit -> arrival p50 %.2f ms, p99 %.2f ms (%d messages); from the producer's"
-            " statement start (its own commit and WAL flush included) p50 %.2f ms; from the moment"
-            " the producer had its COMMIT acknowledged p50 %.2f ms, p99 %.2f ms; commit -> received"
-            " at the sink's socket p50 %.2f ms, p99 %.2f ms (%d stamped; the sink's own wake-up and"
-            " parsing after that p50 %.2f ms); commit -> request submitted by the worker p50 %.2f ms,"
-            " submitted -> received p50 %.2f ms"
-            % (label, res["p50_ms"], res["p99_ms"], res["n"], res["start_p50_ms"], res["ack_p50_ms"],
-               res["ack_p99_ms"], res["rx_p50_ms"], res["rx_p99_ms"], len(rx), res["sink_own_p50_ms"],
-               res["to_start_p50_ms"], res["to_rx_p50_ms"]))
-        c.set_enabled(False)
-        return res
+    # the commit time of each producer transaction, by its xid (the message row's own xmin
+    # is replaced by the workers' updates)
+    c.sql("DROP TABLE IF EXISTS bench_tx", "DELETE FROM outbox.messages",
+          "CREATE TABLE bench_tx (aggregate_id text PRIMARY KEY, xid xid8 NOT NULL)")
+    c.set_enabled(True)
+    urllib.request.urlopen("http://127.0.0.1:%d/_control/reset" % sink_port, data=b"").read()
+    time.sleep(1.5)
+    # one transaction per message, 20 ms apart, each sent as one query string; acked[i]: when
+    # the client had the answer to its COMMIT (the application's "committed")
+    acked = {}
+    pq = Libpq("host=%s port=%d user=postgres dbname=postgres" % (WORK, PORT))
+    try:
+        for i in range(IDLE_M):
+            pq.execute("BEGIN;" + ("" if flush else " SET LOCAL synchronous_commit = off;") +
+                       " INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, endpoint)"
+                       " VALUES ('order', '%d', 'OrderCreated', '{\"n\": %d}', 'sink');"
+                       " INSERT INTO bench_tx VALUES ('%d', pg_current_xact_id()); COMMIT;" % (i, i, i))
+            acked[str(i)] = time.time()
+            time.sleep(0.02)
+    finally:
+        pq.close()
+    wait_drained(c)
+    reqs = json.load(urllib.request.urlopen("http://127.0.0.1:%d/_control/requests?path=/hook" % sink_port))
+    committed, created, ack, started = {}, {}, {}, {}
+    # started: when the worker submitted the request (the attempt log's started_at, its clock)
+    for line in c.sql("SELECT m.id, extract(epoch FROM pg_xact_commit_timestamp(xid(t.xid))),"
+                      "       extract(epoch FROM m.created_at), t.aggregate_id,"
+                      "       (SELECT extract(epoch FROM a.started_at) FROM outbox.attempts AS a"
+                      "         WHERE a.message_id = m.id AND a.attempt = 1)"
+                      "  FROM outbox.messages AS m JOIN bench_tx AS t USING (aggregate_id)").splitlines():
+        i, tc, ts, agg, st = line.split("|")
+        committed[i], created[i], ack[i] = float(tc), float(ts), acked[agg]
+        if st:
+            started[i] = float(st)
+    arrived = [(r["headers_lc"]["idempotency-key"], r["t"]) for r in reqs
+               if r["headers_lc"].get("idempotency-key") in committed]
+    lat = sorted((t - committed[k]) * 1000.0 for k, t in arrived)
+    # the same requests by the kernel's receive time at the sink's socket (t_rx: null where
+    # the platform does not give it), and the sink's own time from there to its clock
+    stamped = [(r["headers_lc"]["idempotency-key"], r["t_rx"], r["t"]) for r in reqs
+               if r["headers_lc"].get("idempotency-key") in committed and r.get("t_rx") is not None]
+    if not stamped:
+        raise RuntimeError("the sink gave no kernel receive times (SO_TIMESTAMPNS)")
+    rx = sorted((t - committed[k]) * 1000.0 for k, t, _ in stamped)
+    sink_own = sorted((t - t_rx) * 1000.0 for _, t_rx, t in stamped)
+    # the dispatcher's part in two: commit -> the worker submits the request (wake, claim),
+    # submitted -> received at the sink's socket (the request written, loopback TCP)
+    to_start = sorted((started[k] - committed[k]) * 1000.0 for k, _, _ in stamped if k in started)
+    to_rx = sorted((t - started[k]) * 1000.0 for k, t, _ in stamped if k in started)
+    if not to_start:
+        raise RuntimeError("no attempt-log rows for the idle messages (attempt_log = off?)")
+    from_start = sorted((t - created[k]) * 1000.0 for k, t in arrived)
+    # negative when the message arrived before the producer had read its COMMIT's answer
+    from_ack = sorted((t - ack[k]) * 1000.0 for k, t in arrived)
+    res = {"p50_ms": lat[len(lat) // 2], "p99_ms": p99(lat),
+           "start_p50_ms": from_start[len(from_start) // 2],
+           "ack_p50_ms": from_ack[len(from_ack) // 2], "ack_p99_ms": p99(from_ack), "n": len(lat),
+           "rx_p50_ms": rx[len(rx) // 2], "rx_p99_ms": p99(rx), "sink_own_p50_ms": sink_own[len(sink_own) // 2],
+           "to_start_p50_ms": to_start[len(to_start) // 2], "to_rx_p50_ms": to_rx[len(to_rx) // 2]}
+    log("  %-10s commit -> arrival p50 %.2f ms, p99 %.2f ms (%d messages); from the producer's"
+        " statement start (its own commit and WAL flush included) p50 %.2f ms; from the moment"
+        " the producer had its COMMIT acknowledged p50 %.2f ms, p99 %.2f ms; commit -> received"
+        " at the sink's socket p50 %.2f ms, p99 %.2f ms (%d stamped; the sink's own wake-up and"
+        " parsing after that p50 %.2f ms); commit -> request submitted by the worker p50 %.2f ms,"
+        " submitted -> received p50 %.2f ms"
+        % (label, res["p50_ms"], res["p99_ms"], res["n"], res["start_p50_ms"], res["ack_p50_ms"],
+           res["ack_p99_ms"], res["rx_p50_ms"], res["rx_p99_ms"], len(rx), res["sink_own_p50_ms"],
+           res["to_start_p50_ms"], res["to_rx_p50_ms"]))
+    c.set_enabled(False)
+    return res
 
 
 def scenario_replication(sink_port):
