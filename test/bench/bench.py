@@ -352,7 +352,7 @@ def flush_ms():
         os.close(fd)
         os.unlink(path)
     times.sort()
-    return 1000.0 * times[len(times) // 2]
+    return 1000.0 * p50(times)
 
 
 def table_counters(c):
@@ -584,6 +584,10 @@ def tx_latencies(logdir):
     return lat
 
 
+def p50(sorted_values):
+    return sorted_values[len(sorted_values) // 2]
+
+
 def p99(sorted_values):
     return sorted_values[min(len(sorted_values) - 1, int(0.99 * len(sorted_values)))]
 
@@ -632,7 +636,7 @@ def delivery_latency(c):
     lat.sort()
     if not lat:
         raise RuntimeError("no arrival in the nginx access log")
-    return {"delivery_p50_ms": lat[len(lat) // 2], "delivery_p99_ms": p99(lat)}
+    return {"delivery_p50_ms": p50(lat), "delivery_p99_ms": p99(lat)}
 
 
 def scenario_sustained():
@@ -808,11 +812,11 @@ def idle_latency(c, sink_port, label, flush=True):
     from_start = sorted((t - created[k]) * 1000.0 for k, t in arrived)
     # negative when the message arrived before the producer had read its COMMIT's answer
     from_ack = sorted((t - ack[k]) * 1000.0 for k, t in arrived)
-    res = {"p50_ms": lat[len(lat) // 2], "p99_ms": p99(lat),
-           "start_p50_ms": from_start[len(from_start) // 2],
-           "ack_p50_ms": from_ack[len(from_ack) // 2], "ack_p99_ms": p99(from_ack), "n": len(lat),
-           "rx_p50_ms": rx[len(rx) // 2], "rx_p99_ms": p99(rx), "sink_own_p50_ms": sink_own[len(sink_own) // 2],
-           "to_start_p50_ms": to_start[len(to_start) // 2], "to_rx_p50_ms": to_rx[len(to_rx) // 2]}
+    res = {"p50_ms": p50(lat), "p99_ms": p99(lat),
+           "start_p50_ms": p50(from_start),
+           "ack_p50_ms": p50(from_ack), "ack_p99_ms": p99(from_ack), "n": len(lat),
+           "rx_p50_ms": p50(rx), "rx_p99_ms": p99(rx), "sink_own_p50_ms": p50(sink_own),
+           "to_start_p50_ms": p50(to_start), "to_rx_p50_ms": p50(to_rx)}
     log("  %-10s commit -> arrival p50 %.2f ms, p99 %.2f ms (%d messages); from the producer's"
         " statement start (its own commit and WAL flush included) p50 %.2f ms; from the moment"
         " the producer had its COMMIT acknowledged p50 %.2f ms, p99 %.2f ms; commit -> received"
